@@ -1,0 +1,15 @@
+"""attnviz: see what a Vision Transformer attends to.
+
+    >>> from attnviz import load_model, capture
+    >>> model = load_model()                      # offline DINOv2-style ViT-S/14 at 196 px
+    >>> cap = capture(model, PIL.Image.open("cat.jpg"))
+    >>> cap.weights(11, "mean").shape             # (N, N) = (197, 197)
+    >>> cap.cls_map(11, 0).shape                  # (h, w) = (14, 14)
+"""
+from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
+from .models import HUB_MODELS, Model, ModelError, load_model
+
+__all__ = [
+    "Capture", "capture", "capture_tensor", "fuse_heads", "patch_grid",
+    "HUB_MODELS", "Model", "ModelError", "load_model",
+]

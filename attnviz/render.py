@@ -1,0 +1,51 @@
+"""Maps → pixels: upsample an (h, w) patch map to the picture and blend it in with a colormap."""
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+from PIL import Image
+
+COLORMAPS = ("inferno", "viridis", "magma", "jet", "gray")
+
+
+def upsample(grid_map: np.ndarray, size: tuple[int, int], smooth: bool = False) -> np.ndarray:
+    """(h, w) → (H, W) float32. Nearest keeps each patch a flat square; smooth is bicubic."""
+    resample = Image.Resampling.BICUBIC if smooth else Image.Resampling.NEAREST
+    picture = Image.fromarray(np.asarray(grid_map, dtype=np.float32), mode="F")
+    return np.asarray(picture.resize(size, resample=resample), dtype=np.float32)
+
+
+def normalise(values: np.ndarray, lo: float | None = None, hi: float | None = None) -> np.ndarray:
+    """Map [lo, hi] (default: the values' own min and max) onto [0, 1]."""
+    lo = float(values.min()) if lo is None else lo
+    hi = float(values.max()) if hi is None else hi
+    return np.clip((values - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(values)
+
+
+def colorize(unit: np.ndarray, cmap: str = "inferno") -> np.ndarray:
+    """[0, 1] values → (..., 3) uint8 RGB through a matplotlib colormap."""
+    lut = (matplotlib.colormaps[cmap](np.linspace(0.0, 1.0, 256))[:, :3] * 255 + 0.5).astype(np.uint8)
+    return lut[np.round(unit * 255).astype(np.intp)]
+
+
+def overlay(
+    view: Image.Image,
+    grid_map: np.ndarray,
+    alpha: float = 0.6,
+    cmap: str = "inferno",
+    smooth: bool = False,
+) -> Image.Image:
+    """Blend the colour-mapped (h, w) map over ``view`` (the S × S picture the model saw).
+
+    The colour scale runs from the map's smallest value (dark) to its largest (bright).
+    """
+    heat = colorize(normalise(upsample(grid_map, view.size, smooth)), cmap)  # (S, S, 3)
+    photo = np.asarray(view.convert("RGB"), dtype=np.float32)
+    blended = (1.0 - alpha) * photo + alpha * heat.astype(np.float32)
+    return Image.fromarray(np.clip(blended + 0.5, 0, 255).astype(np.uint8))
+
+
+def colorbar(cmap: str = "inferno", width: int = 256, height: int = 12) -> Image.Image:
+    """A horizontal strip of the colormap, low on the left."""
+    ramp = colorize(np.linspace(0.0, 1.0, width), cmap)  # (width, 3)
+    return Image.fromarray(np.repeat(ramp[None], height, axis=0))
