@@ -7,9 +7,9 @@
     >>> cap.cls_map(11, 0).shape                  # (h, w) = (14, 14)
 """
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
-from .models import HUB_MODELS, Model, ModelError, load_model
+from .models import HUB_MODELS, Model, ModelError, load_model, wrap
 
 __all__ = [
     "Capture", "capture", "capture_tensor", "fuse_heads", "patch_grid",
-    "HUB_MODELS", "Model", "ModelError", "load_model",
+    "HUB_MODELS", "Model", "ModelError", "load_model", "wrap",
 ]

