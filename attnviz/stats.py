@@ -1,0 +1,74 @@
+"""Per-head statistics that show how attention changes with depth.
+
+- **Entropy of the CLS row** H(p) = −Σ_j p_j ln p_j in nats: 0 when the class token looks at one
+  token, ln N when it spreads evenly over all N tokens.
+- **Mean attention distance** in input pixels (Dosovitskiy et al. 2021, "An Image is Worth 16x16
+  Words", Fig. 7): for every patch query, the attention-weighted distance between its patch centre and
+  the key patch centres, averaged over the patch queries. Only patch → patch weights have a
+  geometry, so each query's weights over the patch keys are re-normalised to sum to 1 first; the
+  part of the attention that goes to prefix tokens is reported separately as:
+- **Prefix share**: the fraction of the CLS row that goes to the prefix tokens (CLS itself and
+  registers) rather than to patches.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .capture import Capture
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    entropy: np.ndarray  # (L, H) nats, CLS row over all N keys
+    distance: np.ndarray  # (L, H) pixels of the model input
+    prefix_share: np.ndarray  # (L, H) in [0, 1]
+    num_tokens: int
+    patch_px: float
+
+    @property
+    def max_entropy(self) -> float:
+        """ln N: the entropy of a row that attends to all N tokens equally."""
+        return math.log(self.num_tokens)
+
+
+def entropy(rows: torch.Tensor) -> torch.Tensor:
+    """(..., N) rows of probabilities → (...) entropy in nats, with 0 · ln 0 = 0."""
+    logs = torch.where(rows > 0, rows.clamp_min(1e-30).log(), torch.zeros_like(rows))
+    return -(rows * logs).sum(-1)
+
+
+def patch_centres(grid: tuple[int, int], patch_px: float) -> torch.Tensor:
+    """(h · w, 2) (y, x) centres of the patches in raster order, in pixels."""
+    h, w = grid
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return (torch.stack([rows, cols], -1).reshape(-1, 2).double() + 0.5) * patch_px
+
+
+def mean_distance(
+    weights: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int, patch_px: float
+) -> torch.Tensor:
+    """(H, N, N) weights of one layer → (H,) mean attention distance in pixels."""
+    p = num_prefix_tokens
+    centres = patch_centres(grid, patch_px).to(weights.device)
+    dist = torch.cdist(centres, centres).to(weights.dtype)  # (P, P) pixels between patch centres
+    patch = weights[:, p:, p:]  # (H, P, P): patch queries → patch keys
+    patch = patch / patch.sum(-1, keepdim=True).clamp_min(1e-30)
+    return (patch * dist).sum(-1).mean(-1)  # (H,)
+
+
+def head_stats(cap: Capture) -> HeadStats:
+    """Entropy, mean distance and prefix share for every layer and head of a capture."""
+    patch_px = cap.input.shape[-1] / cap.grid[1]
+    ent, dist, share = [], [], []
+    for layer in range(cap.num_layers):
+        weights = cap.layer_weights(layer)  # (H, N, N)
+        cls_rows = weights[:, 0]  # (H, N)
+        ent.append(entropy(cls_rows))
+        dist.append(mean_distance(weights, cap.grid, cap.num_prefix_tokens, patch_px))
+        share.append(cls_rows[:, : cap.num_prefix_tokens].sum(-1))
+    as_array = lambda xs: torch.stack(xs).cpu().double().numpy()  # noqa: E731
+    return HeadStats(as_array(ent), as_array(dist), as_array(share), cap.num_tokens, float(patch_px))

@@ -1,0 +1,68 @@
+"""Head statistics: entropy, mean attention distance in pixels, prefix share."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attnviz
+from attnviz.stats import entropy, head_stats, mean_distance
+
+
+def test_entropy_known_values():
+    assert entropy(torch.full((197,), 1 / 197)).item() == pytest.approx(math.log(197))
+    assert entropy(torch.tensor([0.0, 1.0, 0.0])).item() == 0.0
+    assert entropy(torch.tensor([0.5, 0.5, 0.0])).item() == pytest.approx(math.log(2))
+
+
+def test_mean_distance_on_hand_made_geometry():
+    # 1 CLS + 2 × 2 patches of 10 px. Patch tokens 1..4 are (0,0), (0,1), (1,0), (1,1).
+    n = 5
+    right = torch.zeros(n, n)
+    diagonal = torch.zeros(n, n)
+    selfish = torch.zeros(n, n)
+    half = torch.zeros(n, n)
+    for q, (nb, diag) in {1: (2, 4), 2: (1, 3), 3: (4, 2), 4: (3, 1)}.items():
+        right[q, nb] = 1.0  # the horizontal neighbour: 10 px away
+        diagonal[q, diag] = 1.0  # the diagonal patch: 10·√2 px away
+        selfish[q, q], selfish[q, 0] = 0.5, 0.5  # itself and CLS: patch part is 0 px away
+        half[q, q], half[q, nb] = 0.5, 0.5  # half itself, half the neighbour: 5 px
+    right[0, 0] = diagonal[0, 0] = selfish[0, 0] = half[0, 0] = 1.0  # CLS row (not a patch query)
+    weights = torch.stack([right, diagonal, selfish, half])  # (H, N, N)
+    got = mean_distance(weights, (2, 2), 1, 10.0)
+    np.testing.assert_allclose(got, [10.0, 10 * math.sqrt(2), 0.0, 5.0], atol=1e-5)
+
+
+def numpy_stats(weights: np.ndarray, grid, prefix: int, patch_px: float):
+    """Independent per-entry loops over (L, H, N, N)."""
+    h, w = grid
+    L, H, N, _ = weights.shape
+    centre = lambda i: (((i - prefix) // w + 0.5) * patch_px, ((i - prefix) % w + 0.5) * patch_px)  # noqa: E731
+    ent, dist, share = np.zeros((L, H)), np.zeros((L, H)), np.zeros((L, H))
+    for l in range(L):
+        for k in range(H):
+            a = weights[l, k].astype(np.float64)
+            ent[l, k] = -sum(p * math.log(p) for p in a[0] if p > 0)
+            share[l, k] = a[0, :prefix].sum()
+            total = 0.0
+            for i in range(prefix, N):
+                row = a[i, prefix:] / a[i, prefix:].sum()
+                yi, xi = centre(i)
+                total += sum(row[j - prefix] * math.hypot(yi - centre(j)[0], xi - centre(j)[1]) for j in range(prefix, N))
+            dist[l, k] = total / (N - prefix)
+    return ent, dist, share
+
+
+def test_head_stats_match_independent_loops(cat):
+    from conftest import tiny_vit
+
+    cap = attnviz.capture(tiny_vit(reg_tokens=2), cat)  # 3 prefix tokens, 8 px patches
+    stats = head_stats(cap)
+    ent, dist, share = numpy_stats(cap.all_weights(), cap.grid, 3, 8.0)
+    assert stats.entropy.shape == (2, 4) and stats.patch_px == 8.0
+    np.testing.assert_allclose(stats.entropy, ent, atol=1e-5)
+    np.testing.assert_allclose(stats.distance, dist, atol=1e-4)
+    np.testing.assert_allclose(stats.prefix_share, share, atol=1e-6)
+    assert stats.max_entropy == pytest.approx(math.log(19))
