@@ -1,13 +1,13 @@
 """Bytes → a checked RGB picture, or one sentence saying what is wrong with the file.
 
 Pixels are decoded only after the header has passed the size checks, so a decompression bomb (a
-tiny PNG declaring 60000 × 60000 pixels) is refused before any memory is spent on it.
+tiny PNG declaring 60000 × 60000 pixels) is refused before any memory is spent on it. Everything
+happens in memory: nothing a user uploads is ever written to disk.
 """
 from __future__ import annotations
 
 import io
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -15,12 +15,35 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # JPEG covers MPO (multi-picture) files
 MAX_BYTES = 50 * 1024 * 1024  # matches server.maxUploadSize in .streamlit/config.toml
 MAX_PIXELS = 50_000_000  # a 24-megapixel photo passes; a 60000 × 60000 header does not
-BACKGROUND = (255, 255, 255)
-ORIENTATION = 0x0112  # EXIF tag  # transparent areas are composited on white
+# The model's view resizes the shorter side to S before cropping: a 1 × 20000 sliver would become
+# S × 3.9 M pixels. 100 : 1 still lets 60 × 3000 strips and 4000 × 200 panoramas through.
+MAX_ASPECT = 100
+BACKGROUND = (255, 255, 255)  # transparent areas are composited on white
+ORIENTATION = 0x0112  # EXIF tag; values 2…8 ask for a flip or turn
+SUPPORTED = "JPEG, PNG, WebP, GIF, BMP or TIFF"
+
+# Leading bytes of formats we read (to tell "damaged PNG" from "not an image") …
+SIGNATURES = {
+    b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG", b"GIF87a": "GIF", b"GIF89a": "GIF",
+    b"II*\x00": "TIFF", b"MM\x00*": "TIFF", b"BM": "BMP",
+}
+# … and of files people often mistake for images.
+OTHER_KINDS = {
+    b"%PDF": "a PDF document", b"PK\x03\x04": "a ZIP archive", b"<svg": "an SVG drawing",
+    b"<?xml": "an XML or SVG file", b"<!doctype html": "a web page", b"<html": "a web page",
+}
 
 
 class ImageError(ValueError):
-    """The file is not an image we can use; ``str(error)`` is one sentence for a person."""
+    """The file is not an image we can use; ``str(error)`` is one sentence for a person.
+
+    ``key`` and ``values`` name the same sentence for a translation catalogue (``images.<key>``).
+    """
+
+    def __init__(self, message: str, key: str = "unreadable", **values: object) -> None:
+        super().__init__(message)
+        self.key = key
+        self.values = values
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,63 +51,121 @@ class CheckedImage:
     image: Image.Image  # RGB, upright (EXIF orientation applied)
     format: str  # what the bytes really are, whatever the file name says
     notes: tuple[str, ...] = ()  # things a person should know, e.g. "first frame of 12 used"
+    note_keys: tuple[tuple[str, dict], ...] = field(default=(), repr=False)  # (catalogue key, values) per note
 
 
-def _to_rgb(im: Image.Image, notes: list[str]) -> Image.Image:
-    if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+def sniff(data: bytes) -> str | None:
+    """Name what ``data`` looks like from its first bytes: an image format we read, another kind, or None."""
+    head = data[:64].lstrip().lower()
+    for magic, kind in OTHER_KINDS.items():
+        if head.startswith(magic.lower()):
+            return kind
+    if data[4:8] == b"ftyp":
+        brand = data[8:12]
+        return "an AVIF picture" if brand.startswith(b"avi") else "a HEIC/HEIF photo" if brand[:3] in (
+            b"hei", b"hev", b"mif", b"msf") else "a video or MP4 file"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((fmt for magic, fmt in SIGNATURES.items() if data.startswith(magic)), None)
+
+
+def _to_rgb(im: Image.Image, notes: list[tuple[str, str, dict]]) -> Image.Image:
+    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         # 16-bit / 32-bit greyscale: PIL's convert("L") clips at 255, so scale the range instead.
-        a = np.asarray(im, dtype=np.float64)
-        top = 65535.0 if im.mode.startswith("I;16") or a.max() > 255 else 255.0
+        a = np.asarray(im, dtype=np.float32)
         if im.mode == "F":
-            a, top = a - a.min(), max(float(a.max() - a.min()), 1e-12)
+            a = a - a.min()
+            top = max(float(a.max()), 1e-12)
+        else:
+            top = 65535.0 if im.mode.startswith("I;16") or a.max() > 255 else 255.0
         return Image.fromarray(np.clip(a / top * 255.0 + 0.5, 0, 255).astype(np.uint8)).convert("RGB")
     has_alpha = im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info
     if has_alpha:
         rgba = im.convert("RGBA")
         if rgba.getextrema()[3][0] < 255:
-            notes.append("transparent areas are shown on a white background")
+            notes.append(("transparent areas are shown on a white background", "transparent", {}))
         background = Image.new("RGBA", rgba.size, BACKGROUND + (255,))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return im.convert("RGB")
 
 
-def open_image(data: bytes, name: str = "the file") -> CheckedImage:
-    """Decode ``data`` into an upright RGB image; raise :class:`ImageError` with one sentence if it can't be."""
-    if not data:
-        raise ImageError(f"{name} is empty.")
-    if len(data) > MAX_BYTES:
-        raise ImageError(f"{name} is {len(data) / 2**20:.0f} MB; the limit is {MAX_BYTES // 2**20} MB.")
+def _upright(im: Image.Image, notes: list[tuple[str, str, dict]]) -> Image.Image:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data), formats=FORMATS)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise ImageError(f"{name} declares too many pixels; the limit is {MAX_PIXELS / 1e6:.0f} megapixels.") from None
+        orientation = im.getexif().get(ORIENTATION, 1)
+        if orientation in range(2, 9):
+            im = ImageOps.exif_transpose(im)
+            notes.append(("turned upright as its EXIF orientation says", "rotated", {}))
+    except Exception:  # a damaged EXIF block must not cost the picture
+        notes.append(("its EXIF data is damaged and was ignored", "bad_exif", {}))
+    return im
+
+
+def open_image(data: bytes, name: str = "the file", *, max_side: int | None = None) -> CheckedImage:
+    """Decode ``data`` into an upright RGB image; raise :class:`ImageError` with one sentence if it can't be.
+
+    ``max_side`` shrinks larger pictures to fit that many pixels (JPEGs are then decoded at 1/2 … 1/8
+    scale, which is much cheaper): the model sees at most a few hundred pixels, and a page that keeps
+    decoded images in a cache keeps each under ``3 · max_side²`` bytes.
+    """
+    if not data:
+        raise ImageError(f"{name} is empty.", "empty", name=name)
+    mb, limit_mb = len(data) / 2**20, MAX_BYTES // 2**20
+    if len(data) > MAX_BYTES:
+        raise ImageError(f"{name} is {mb:.0f} MB; the upload limit is {limit_mb} MB.", "too_large", name=name,
+                         mb=round(mb), limit=limit_mb)
+    looks_like = sniff(data)
+    megapixels = MAX_PIXELS // 1_000_000
+    try:
+        # PIL refuses more than 2 × Image.MAX_IMAGE_PIXELS (179 M) here, from the header alone; our lower
+        # limit is checked right after, still before any pixel is decoded.
+        im = Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.DecompressionBombError:
+        raise ImageError(f"{name} declares far too many pixels; the limit is {megapixels} megapixels.",
+                         "bomb", name=name, limit=megapixels) from None
     except UnidentifiedImageError:
-        raise ImageError(f"{name} is not an image we can read (use JPEG, PNG, WebP, GIF, BMP or TIFF).") from None
-    except Exception as e:
-        raise ImageError(f"{name} has a damaged header ({type(e).__name__}).") from None
+        if looks_like in SIGNATURES.values() or looks_like == "WEBP":
+            raise ImageError(f"{name} looks like a {looks_like} file but its header is damaged.",
+                             "bad_header", name=name, format=looks_like) from None
+        if looks_like:
+            raise ImageError(f"{name} is {looks_like}, which this app cannot read (use {SUPPORTED}).",
+                             "other_kind", name=name, kind=looks_like, formats=SUPPORTED) from None
+        raise ImageError(f"{name} is not an image this app can read (use {SUPPORTED}).",
+                         "unreadable", name=name, formats=SUPPORTED) from None
+    except Exception:  # plugins raise many kinds on broken headers
+        raise ImageError(f"{name} looks like a {looks_like or 'picture'} file but its header is damaged.",
+                         "bad_header", name=name, format=looks_like or "picture") from None
     w, h = im.size
+    if w < 1 or h < 1:
+        raise ImageError(f"{name} has no pixels.", "no_pixels", name=name)
     if w * h > MAX_PIXELS:
         raise ImageError(
-            f"{name} is {w} × {h} pixels; the limit is {MAX_PIXELS / 1e6:.0f} megapixels, please use a smaller copy."
+            f"{name} is {w} × {h} pixels; the limit is {megapixels} megapixels, please use a smaller copy.",
+            "too_many_pixels", name=name, w=w, h=h, limit=megapixels,
         )
-    if w < 1 or h < 1:
-        raise ImageError(f"{name} has no pixels.")
-    notes: list[str] = []
+    if max(w, h) > MAX_ASPECT * min(w, h):
+        raise ImageError(
+            f"{name} is {w} × {h} pixels, too long and thin; one side may be at most {MAX_ASPECT} times the other.",
+            "too_thin", name=name, w=w, h=h, ratio=MAX_ASPECT,
+        )
+    notes: list[tuple[str, str, dict]] = []
     frames = getattr(im, "n_frames", 1)
-    if frames > 1:
-        notes.append(f"animated image: the first of {frames} frames is used")
+    if frames > 1 and im.format != "MPO":  # MPO: a phone photo plus a depth or preview picture
+        notes.append((f"animated image: the first of {frames} frames is used", "animated", {"frames": frames}))
     try:
         im.seek(0)
+        if max_side and max(w, h) > max_side and im.format == "JPEG":
+            scale = max_side / max(w, h)
+            im.draft(im.mode, (int(w * scale) + 1, int(h * scale) + 1))  # both sides stay ≥ the target
         im.load()
-    except Exception as e:
-        raise ImageError(f"{name} is damaged or truncated and cannot be decoded ({type(e).__name__}).") from None
-    fmt = im.format or "unknown"
-    try:
-        if im.getexif().get(ORIENTATION, 1) not in (1, None):
-            im = ImageOps.exif_transpose(im)
-            notes.append("turned upright as its EXIF orientation says")
     except Exception:
-        notes.append("its EXIF data is damaged and was ignored")
-    return CheckedImage(_to_rgb(im, notes), fmt, tuple(notes))
+        raise ImageError(f"{name} is damaged or cut short, so its pixels cannot be decoded.",
+                         "truncated", name=name) from None
+    fmt = "JPEG" if im.format == "MPO" else im.format or "unknown"
+    try:
+        rgb = _to_rgb(_upright(im, notes), notes)
+        if max_side and max(rgb.size) > max_side:
+            rgb.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+    except Exception:  # an exotic colour mode PIL cannot convert, or pixels that fail late
+        raise ImageError(f"{name} uses a colour mode we cannot convert ({im.mode}).",
+                         "mode", name=name, mode=im.mode) from None
+    return CheckedImage(rgb, fmt, tuple(n for n, _, _ in notes), tuple((k, v) for _, k, v in notes))
