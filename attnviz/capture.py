@@ -4,7 +4,7 @@ The attention weights of layer l are A = softmax(Q Kᵀ / √d_k) (Vaswani et al
 materialising all L × H × N × N weights (540 MB at 518 px), we keep what they are made of — each
 layer's queries and keys, O(L · N · D) — by hooking the ``q_norm`` / ``k_norm`` modules that timm's
 ``Attention`` calls on both its fused (SDPA) and eager paths. Any row or matrix is then recomputed
-on demand with exactly the eager path's arithmetic: ``(q · scale) @ kᵀ`` then softmax.
+on demand: softmax((q · scale) @ kᵀ), with the precision explained at ``_softmax_scores``.
 """
 from __future__ import annotations
 
@@ -66,14 +66,13 @@ class Capture:
     def layer_weights(self, layer: int) -> torch.Tensor:
         """All heads of one layer: softmax(Q Kᵀ · scale), (H, N, N) float32 tensor."""
         self._check(layer)
-        scores = (self.query[layer] * self.scale) @ self.key[layer].transpose(-2, -1)  # (H, N, N)
-        return scores.softmax(dim=-1)
+        return _softmax_scores(self.query[layer], self.key[layer], self.scale)  # (H, N, N)
 
     def layer_rows(self, layer: int, query: int = 0) -> torch.Tensor:
         """One query token's attention row in every head: (H, N). Costs O(H · N · d_k)."""
         self._check(layer, query)
-        q = self.query[layer, :, query : query + 1] * self.scale  # (H, 1, d_k)
-        return (q @ self.key[layer].transpose(-2, -1)).softmax(dim=-1)[:, 0]  # (H, N)
+        q = self.query[layer, :, query : query + 1]  # (H, 1, d_k)
+        return _softmax_scores(q, self.key[layer], self.scale)[:, 0]  # (H, N)
 
     def weights(self, layer: int, head: Head) -> np.ndarray:
         """The (N, N) attention matrix of one head, or its mean / max / min over heads."""
@@ -94,6 +93,19 @@ class Capture:
     def all_weights(self) -> np.ndarray:
         """(L, H, N, N) float32: every weight. Large: 540 MB at 518 px for ViT-S."""
         return np.stack([self.layer_weights(i).cpu().numpy() for i in range(self.num_layers)])
+
+
+def _softmax_scores(query: torch.Tensor, key: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q · kᵀ · scale) over the last axis: (H, M, d_k), (H, N, d_k) → (H, M, N), in q's dtype.
+
+    The logits reach ~300 in this model, where float32 dot products are off by ~1e-5 and softmax
+    passes that error on. So the dot products are taken in float64 and the row maximum subtracted
+    there; the (now small) logits then go through softmax in the input's precision. Against a
+    float64 recomputation this is within ~2e-6, at about twice the cost of plain float32.
+    """
+    scores = (query.double() * scale) @ key.double().transpose(-2, -1)
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    return scores.to(query.dtype).softmax(dim=-1)
 
 
 def fuse_heads(weights: torch.Tensor, head: Head) -> torch.Tensor:
@@ -132,8 +144,8 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
     attns = _attention_modules(model.network)
     owner = threading.get_ident()
     shape = (len(attns), attns[0].num_heads, model.num_tokens, attns[0].head_dim)  # (L, H, N, d_k)
-    query = torch.empty(shape, device=x.device)
-    key = torch.empty(shape, device=x.device)
+    query = torch.empty(shape, device=x.device, dtype=x.dtype)
+    key = torch.empty(shape, device=x.device, dtype=x.dtype)
     seen: set[tuple[str, int]] = set()
 
     def keep(store: torch.Tensor, name: str, layer: int):
