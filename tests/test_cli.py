@@ -1,0 +1,43 @@
+"""`python -m attnviz export`: files, shapes, values, and one-line errors."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+from PIL import Image
+
+import attnviz
+from attnviz.cli import safe_stem
+from conftest import ASSETS, ROOT
+
+
+def test_export_writes_exact_arrays_and_reports_bad_files(tmp_path, real_model):
+    bad = tmp_path / "notes.jpg"
+    bad.write_text("this is text, not a photo")
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "attnviz", "export", str(ASSETS / "cat.jpg"), str(bad), str(ASSETS / "coffee.jpg"),
+         "--out", str(out), "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 1
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: notes.jpg is not an image")
+    assert sorted(p.name for p in out.iterdir()) == ["cat.npz", "cat_overlay.png", "coffee.npz", "coffee_overlay.png"]
+
+    z = np.load(out / "cat.npz")
+    assert z["attention"].shape == (12, 6, 197, 197) and z["attention"].dtype == np.float32
+    assert z["input"].shape == (1, 3, 196, 196)
+    assert z["grid"].tolist() == [14, 14] and int(z["num_prefix_tokens"]) == 1
+    cap = attnviz.capture(real_model, Image.open(ASSETS / "cat.jpg"))
+    np.testing.assert_array_equal(z["input"], cap.input.numpy())
+    np.testing.assert_allclose(z["attention"][11, 2], cap.weights(11, 2), atol=1e-6)
+    assert Image.open(out / "cat_overlay.png").size == (196, 196)
+
+
+def test_safe_stem_blocks_path_traversal():
+    assert safe_stem("../../etc/passwd") == "passwd"
+    assert safe_stem("/tmp/..hidden.jpg") == "hidden"
+    assert safe_stem("ä photo (1).jpg") == "photo_1"
+    assert safe_stem("....jpg") == "image"
