@@ -1,0 +1,422 @@
+"""Classroom mode: how attention works, step by step, with live numbers from the current photo and model.
+
+Every number is computed by :mod:`attnviz.lesson`; this page only lays out widgets, formulas and pictures.
+"""
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
+from PIL import Image, ImageDraw
+
+import ui
+from attnviz import Capture, Model, lesson, render
+from ui import t
+
+CMAP = "inferno"
+QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
+DISPLAY_PX = 392
+
+
+# --- Small drawing helpers (pictures only; every number comes from attnviz.lesson) -------------
+
+def enlarged(picture: Image.Image, side: int = DISPLAY_PX) -> Image.Image:
+    scale = max(1, -(-side // max(picture.size)))
+    return picture.resize((picture.width * scale, picture.height * scale), Image.Resampling.NEAREST)
+
+
+def matrix_picture(matrix: np.ndarray, cell: int) -> Image.Image:
+    """A matrix as coloured cells, ``cell`` pixels each (dark = small, bright = large)."""
+    rgb = render.colorize(render.normalise(np.asarray(matrix, dtype=np.float32)), "viridis")
+    picture = Image.fromarray(rgb)
+    return picture.resize((picture.width * cell, picture.height * cell), Image.Resampling.NEAREST)
+
+
+def outline(picture: Image.Image, grid: tuple[int, int], cells: list[tuple[int, int, tuple]]) -> Image.Image:
+    """Draw a coloured frame around each (row, col) patch of the grid."""
+    framed = picture.copy()
+    draw = ImageDraw.Draw(framed)
+    ch, cw = picture.height / grid[0], picture.width / grid[1]
+    width = max(2, int(min(ch, cw) / 8))
+    for row, col, colour in cells:
+        draw.rectangle([col * cw, row * ch, (col + 1) * cw - 1, (row + 1) * ch - 1], outline=colour, width=width)
+    return framed
+
+
+def plain(x: float) -> str:
+    """A probability written out without exponents, with enough decimals to show it is not 0 or 1."""
+    if 0.01 <= x <= 0.99 or x in (0.0, 1.0):
+        return f"{x:.2f}"
+    if x > 0.99:
+        return f"{x:.{max(2, math.ceil(-math.log10(1 - x)))}f}"
+    return f"{x:.{math.ceil(-math.log10(x)) + 1}f}"
+
+
+def vector(v: np.ndarray, digits: int = 2) -> str:
+    return "[" + ", ".join(f"{x:.{digits}f}" for x in v) + "]"
+
+
+def bars(values: np.ndarray, labels: list[str], title: str, domain=(0, 1)) -> alt.Chart:
+    table = pd.DataFrame({"token": labels, "weight": values, "text": [plain(v) for v in values]})
+    base = alt.Chart(table).encode(
+        x=alt.X("token:N", sort=None, title=None, axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("weight:Q", scale=alt.Scale(domain=list(domain)), title=title),
+    )
+    return (base.mark_bar() + base.mark_text(dy=-8).encode(text="text:N")).properties(height=220)
+
+
+# --- The steps ---------------------------------------------------------------------------------
+
+def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
+    s = lesson.shapes(model)
+    h, w = s.grid
+    st.markdown(t("lesson.qkv.intro"))
+    st.latex(
+        rf"\underbrace{{Q}}_{{{s.tokens}\times{s.head_dim}}} = \underbrace{{X}}_{{{s.tokens}\times{s.embed_dim}}}"
+        rf"\,\underbrace{{W_Q}}_{{{s.embed_dim}\times{s.head_dim}}},\quad K = X W_K,\quad V = X W_V"
+    )
+    st.markdown(t(
+        "lesson.qkv.numbers", n=s.tokens, prefix=s.prefix_tokens, h=h, w=w, d=s.embed_dim, heads=s.heads,
+        dk=s.head_dim, layers=s.layers, rows=s.qkv_weight[0], cols=s.qkv_weight[1], patch=s.patch,
+    ))
+    q = cap.query[layer, head].cpu().numpy()  # (N, d_k)
+    k = cap.key[layer, head].cpu().numpy()  # (N, d_k)
+    weights = cap.weights(layer, head)  # (N, N)
+    cell = max(1, 200 // s.tokens)
+    left, mid, right = st.columns([1, 2, 2])
+    left.image(matrix_picture(q, cell), caption=t("lesson.qkv.q_picture", n=s.tokens, dk=s.head_dim))
+    mid.image(matrix_picture(k.T, cell), caption=t("lesson.qkv.k_picture", n=s.tokens, dk=s.head_dim))
+    right.image(matrix_picture(weights, cell), caption=t("lesson.qkv.a_picture", n=s.tokens))
+    st.markdown(t("lesson.qkv.table", layer=layer + 1, head=head + 1))
+    shown = min(4, s.tokens)
+    names = [t("lesson.cls_token") if i < s.prefix_tokens else t("lesson.patch_token", n=i) for i in range(shown)]
+    dims = [f"{i + 1}" for i in range(6)]
+    cols = st.columns(2)
+    cols[0].dataframe(pd.DataFrame(q[:shown, :6], index=names, columns=dims).style.format("{:.3f}"))
+    cols[0].caption(t("lesson.qkv.q_rows", dk=s.head_dim))
+    cols[1].dataframe(pd.DataFrame(k[:shown, :6], index=names, columns=dims).style.format("{:.3f}"))
+    cols[1].caption(t("lesson.qkv.k_rows", dk=s.head_dim))
+
+
+def step_by_hand() -> None:
+    st.markdown(t("lesson.hand.intro"))
+    default_keys = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))
+    cols = st.columns(4)
+    cols[0].markdown(f"**{t('lesson.hand.query')}**")
+    q = [cols[0].number_input(f"q₁ [{d + 1}]", -10.0, 10.0, (1.0, 0.0)[d], 0.5, key=f"ex_q{d}") for d in range(2)]
+    keys = []
+    for j in range(3):
+        cols[j + 1].markdown(f"**{t('lesson.hand.key', j=j + 1)}**")
+        keys.append([
+            cols[j + 1].number_input(f"k{'₁₂₃'[j]} [{d + 1}]", -10.0, 10.0, default_keys[j][d], 0.5, key=f"ex_k{j}{d}")
+            for d in range(2)
+        ])
+    same = st.toggle(t("lesson.hand.values_are_keys"), value=True, key="ex_same")
+    values = None
+    if not same:
+        vcols = st.columns(4)
+        vcols[0].markdown(f"**{t('lesson.hand.values')}**")
+        values = [
+            [vcols[j + 1].number_input(f"v{'₁₂₃'[j]} [{d + 1}]", -10.0, 10.0, default_keys[j][d], 0.5,
+                                       key=f"ex_v{j}{d}") for d in range(2)]
+            for j in range(3)
+        ]
+    ex = lesson.worked_example(q, keys, values)
+
+    sub = "₁₂₃"
+    table = [
+        f"| {t('lesson.hand.token')} | k | v | q·k | q·k / √2 | e^(q·k / √2) | {t('lesson.hand.weight')} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for j in range(3):
+        table.append(
+            f"| {j + 1} | {vector(ex.keys[j])} | {vector(ex.values[j])} | {ex.scores[j]:.2f} | {ex.scaled[j]:.3f} "
+            f"| {ex.exps[j]:.2f} | {ex.weights[j]:.2f} |"
+        )
+    table.append(f"| Σ | | | | | {ex.exp_sum:.2f} | {ex.weights.sum():.2f} |")
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        st.markdown("\n".join(table))
+        dots = " ".join(
+            rf"&\; q\cdot k_{j + 1} = " + " + ".join(f"({a:g})({b:g})" for a, b in zip(ex.query, ex.keys[j]))
+            + rf" = {ex.scores[j]:.2f} \\" for j in range(3)
+        )
+        st.latex(r"\begin{aligned}" + dots + r"\end{aligned}")
+        st.latex(
+            rf"\frac{{q\cdot k_j}}{{\sqrt{{d_k}}}} = \frac{{q\cdot k_j}}{{\sqrt{{2}}}} = {vector(ex.scaled, 3)}"
+            rf",\qquad e^{{\,\cdot\,}} = {vector(ex.exps)},\quad \Sigma = {ex.exp_sum:.2f}"
+        )
+        st.latex(
+            rf"\text{{softmax}} = \frac{{e^{{\,\cdot\,}}}}{{\Sigma}} = {vector(ex.weights)}"
+        )
+        terms = " + ".join(f"{ex.weights[j]:.2f}\\,{vector(ex.values[j])}" for j in range(3))
+        st.latex(rf"o = {terms} = {vector(ex.output)}")
+        st.success(t("lesson.hand.output", output=vector(ex.output)))
+    with right:
+        labels = [f"k{sub[j]}" for j in range(3)]
+        st.altair_chart(bars(ex.weights, labels, t("lesson.hand.weight")), width="stretch")
+        st.caption(t("lesson.hand.chart_caption"))
+
+
+def step_scale() -> None:
+    st.markdown(t("lesson.scale.intro"))
+    st.latex(r"\text{softmax}(s)_j = \frac{e^{s_j}}{\sum_m e^{s_m}}")
+    labels = ["s₁", "s₂", "s₃"]
+    left, right = st.columns(2)
+    for col, scores in ((left, (2.0, 1.0, 0.0)), (right, (20.0, 10.0, 0.0))):
+        weights = lesson.softmax(scores)
+        col.altair_chart(bars(weights, labels, t("lesson.hand.weight")), width="stretch")
+        col.markdown(t("lesson.scale.result", scores=vector(np.array(scores), 0),
+                       weights="[" + ", ".join(plain(v) for v in weights) + "]"))
+    st.markdown(t("lesson.scale.slider_intro"))
+    divisor = st.slider(t("lesson.scale.divisor"), 1.0, 20.0, 1.0, 0.5, key="scale_divisor")
+    scores = np.array([20.0, 10.0, 0.0])
+    weights = lesson.softmax(scores, 1 / divisor)
+    left, right = st.columns([2, 3])
+    left.altair_chart(bars(weights, labels, t("lesson.hand.weight")), width="stretch")
+    right.latex(rf"\text{{softmax}}\left(\frac{{[20, 10, 0]}}{{{divisor:g}}}\right) = "
+                + "[" + ", ".join(plain(v) for v in weights) + "]")
+    right.markdown(t("lesson.scale.slider_note"))
+
+    st.subheader(t("lesson.scale.experiment"))
+    st.markdown(t("lesson.scale.experiment_intro"))
+    d_k = st.select_slider("d_k", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], value=64, key="scale_dk")
+    sample = lesson.dot_products(d_k, samples=4000, seed=0)
+    left, right = st.columns(2)
+    for col, data, title, var, expected in (
+        (left, sample.dots, "q·k", sample.dots_var, d_k),
+        (right, sample.scaled, "q·k / √d_k", sample.scaled_var, 1),
+    ):
+        counts, edges = np.histogram(data, bins=40)
+        table = pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts})
+        chart = alt.Chart(table).mark_bar().encode(
+            x=alt.X("lo:Q", title=title), x2="hi:Q", y=alt.Y("count:Q", title=t("lesson.scale.count")),
+        ).properties(height=220)
+        col.altair_chart(chart, width="stretch")
+        col.markdown(t("lesson.scale.variance", what=title, var=var, expected=expected, std=math.sqrt(var)))
+    st.info(t("lesson.scale.conclusion", dk=d_k, root=math.sqrt(d_k)))
+
+
+def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: int) -> None:
+    h, w = cap.grid
+    st.markdown(t("lesson.pair.intro"))
+    controls = st.columns(3)
+    kind = controls[0].radio(
+        t("lesson.pair.query"), ["cls", "patch"], horizontal=True, key="pair_kind",
+        format_func=lambda k: t("lesson.cls_token") if k == "cls" else t("lesson.pair.a_patch"),
+    )
+    q_row = q_col = None
+    if kind == "patch":
+        q_row = controls[0].slider(t("lesson.pair.q_row"), 1, h, h // 2, key="pair_q_row") - 1
+        q_col = controls[0].slider(t("lesson.pair.q_col"), 1, w, w // 2, key="pair_q_col") - 1
+    k_row = controls[1].slider(t("lesson.pair.k_row"), 1, h, h // 2 + 1, key="pair_k_row") - 1
+    k_col = controls[1].slider(t("lesson.pair.k_col"), 1, w, w // 2 + 1, key="pair_k_col") - 1
+    query = 0 if kind == "cls" else lesson.token_index(cap, q_row, q_col)
+    key = lesson.token_index(cap, k_row, k_col)
+    controls[2].markdown(t("lesson.pair.tokens", q=query, k=key, layer=layer + 1, head=head + 1))
+
+    pair = lesson.pair_score(cap, layer, head, query, key)
+    row_map = cap.query_map(layer, head, query)  # (h, w): the heatmap of this query's row
+    cell = float(cap.weights(layer, head)[query, key])
+
+    left, right = st.columns(2, gap="large")
+    marks = [(k_row, k_col, KEY_COLOUR)] + ([] if q_row is None else [(q_row, q_col, QUERY_COLOUR)])
+    left.image(outline(enlarged(view), cap.grid, marks), caption=t("lesson.pair.photo_caption"))
+    heat = enlarged(render.overlay(view, row_map, alpha=0.75, cmap=CMAP))
+    right.image(outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1))
+
+    st.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.query.shape[-1]}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
+    st.latex(rf"s_{{ij}} = \frac{{q_i\cdot k_j}}{{\sqrt{{d_k}}}} = {pair.dot:.4f} \times {pair.scale:g} = {pair.scaled:.4f}")
+    st.latex(
+        rf"a_{{ij}} = \frac{{e^{{s_{{ij}}}}}}{{\sum_{{m=1}}^{{{cap.num_tokens}}} e^{{s_{{im}}}}}}"
+        rf" = \frac{{{pair.exp:.5g}}}{{{pair.exp_sum:.5g}}} = {pair.weight:.6g}"
+    )
+    st.success(t("lesson.pair.equal", weight=f"{pair.weight:.6g}", cell=f"{cell:.6g}",
+                 diff=f"{abs(pair.weight - cell):.1e}", row=k_row + 1, col=k_col + 1))
+
+
+def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
+    s_heads, d_k = cap.num_heads, cap.query.shape[-1]
+    st.markdown(t("lesson.heads.intro", heads=s_heads, layer=layer + 1))
+    per_row = min(s_heads, 6)
+    for start in range(0, s_heads, per_row):
+        cols = st.columns(per_row)
+        for offset, col in enumerate(cols):
+            head = start + offset
+            if head >= s_heads:
+                break
+            cls_map = cap.cls_map(layer, head)
+            col.image(enlarged(render.overlay(view, cls_map, alpha=0.7, cmap=CMAP), 224),
+                      caption=t("lesson.heads.caption", n=head + 1, top=float(cls_map.max())))
+    st.latex(
+        r"\text{head}_i = \text{softmax}\!\left(\frac{Q_i K_i^\top}{\sqrt{d_k}}\right) V_i,\qquad"
+        r"\text{MultiHead}(X) = \text{Concat}(\text{head}_1,\dots,\text{head}_{" + str(s_heads) + r"})\, W_O"
+    )
+    st.markdown(t("lesson.heads.concat", heads=s_heads, dk=d_k, d=s_heads * d_k, n=cap.num_tokens))
+
+
+def step_cost(model: Model) -> None:
+    st.markdown(t("lesson.cost.intro"))
+    p = model.patch
+    sizes = lesson.LESSON_SIZES if all(s % p == 0 for s in lesson.LESSON_SIZES) else (112, 224, 448, 896)
+    rows = lesson.cost_table(sizes, p, model.num_prefix_tokens, model.depth, model.num_heads, model.head_dim)
+    first = rows[0]
+    table = pd.DataFrame({
+        t("lesson.cost.size"): [f"{r.size} px" for r in rows],
+        t("lesson.cost.grid"): [f"{r.grid} × {r.grid}" for r in rows],
+        "N": [r.tokens for r in rows],
+        t("lesson.cost.pairs"): [f"{r.pairs:,}" for r in rows],
+        t("lesson.cost.times"): [f"× {r.pairs / first.pairs:.1f}" for r in rows],
+        t("lesson.cost.maps"): [f"{r.map_bytes / 1e6:,.1f} MB" for r in rows],
+        t("lesson.cost.qk"): [f"{r.qk_bytes / 1e6:,.1f} MB" for r in rows],
+    })
+    st.dataframe(table, hide_index=True, width="stretch")
+    st.caption(t("lesson.cost.caption", layers=model.depth, heads=model.num_heads, patch=p, size=model.size))
+    squares = pd.DataFrame({
+        "size": [f"{r.size} px" for r in rows], "N": [r.tokens for r in rows], "zero": 0,
+        "mb": [r.map_bytes / 1e6 for r in rows],
+    })
+    left, right = st.columns(2)
+    picture = alt.Chart(squares).mark_rect(opacity=0.35, stroke="black").encode(
+        x=alt.X("zero:Q", title=t("lesson.cost.keys")), x2="N:Q",
+        y=alt.Y("zero:Q", title=t("lesson.cost.queries")), y2="N:Q",
+        color=alt.Color("size:N", sort=None, title=t("lesson.cost.size")),
+        order=alt.Order("N:Q", sort="descending"),
+    ).properties(height=320)
+    left.altair_chart(picture, width="stretch")
+    left.caption(t("lesson.cost.squares_caption"))
+    memory = alt.Chart(squares).mark_bar().encode(
+        x=alt.X("size:N", sort=None, title=t("lesson.cost.size"), axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("mb:Q", title=t("lesson.cost.maps")),
+        tooltip=["size", "N", alt.Tooltip("mb:Q", format=",.1f")],
+    ).properties(height=320)
+    right.altair_chart(memory, width="stretch")
+    by_size = {r.size: r for r in rows}
+    a, b = next(((r, by_size[2 * r.size]) for r in rows if 2 * r.size in by_size), (rows[0], rows[-1]))
+    st.info(t("lesson.cost.doubling", s1=a.size, s2=b.size, n1=a.tokens, n2=b.tokens, ratio=b.pairs / a.pairs))
+
+
+@st.cache_data(show_spinner=False, max_entries=16, ttl=3600)
+def cached_perturbation(
+    model_key: tuple, digest: str, fit: str, layer: int, head, fill: str, max_fraction: float,
+    _model: Model, _cap: Capture,
+) -> lesson.Perturbation:
+    # Keyed by the model, the photo and the test's settings; model and capture themselves are not hashed.
+    return lesson.perturbation(_model, _cap, layer, head, fill=fill, max_fraction=max_fraction)
+
+
+def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> None:
+    st.markdown(t("lesson.explain.summary"))
+    st.subheader(t("lesson.explain.test_title"))
+    st.markdown(t("lesson.explain.test_intro"))
+    controls = st.columns(3)
+    head = controls[0].selectbox(
+        t("lesson.explain.rank_by"), ["mean", *range(cap.num_heads)], key="perturb_head",
+        format_func=lambda h: t("lesson.explain.mean_heads") if h == "mean" else t("lesson.head_n", n=h + 1),
+    )
+    fill = controls[1].radio(t("lesson.explain.fill"), list(lesson.FILLS), key="perturb_fill", horizontal=True,
+                             format_func=lambda f: t(f"lesson.explain.fill_{f}"))
+    percent = controls[2].slider(t("lesson.explain.max_fraction"), 10, 90, 50, 10, key="perturb_max", format="%d%%")
+    asked = (*key, layer, head, fill, percent)
+    if st.button(t("lesson.explain.run", layer=layer + 1), key="perturb_run", type="primary"):
+        st.session_state["perturb_asked"] = asked
+    if st.session_state.get("perturb_asked") != asked:
+        st.caption(t("lesson.explain.press"))
+        return
+    with st.spinner(t("lesson.explain.running")):
+        result = cached_perturbation(*key, layer, head, fill, percent / 100, _model=model, _cap=cap)
+
+    if result.metric == "probability":
+        change_title = t("lesson.explain.prob_drop", label=model.labels[result.target], p=result.base_probability)
+    else:
+        change_title = t("lesson.explain.cosine")
+    order_attended, order_random = t("lesson.explain.attended"), t("lesson.explain.random", n=len(result.random))
+    percent_removed = 100 * result.fractions
+    lines = pd.DataFrame({
+        "removed": np.concatenate([percent_removed, percent_removed]),
+        "change": np.concatenate([result.attended, result.random_mean]),
+        "order": [order_attended] * len(percent_removed) + [order_random] * len(percent_removed),
+    })
+    band = pd.DataFrame({"removed": percent_removed, "lo": result.random.min(0), "hi": result.random.max(0)})
+    colours = alt.Scale(domain=[order_attended, order_random], range=["#d62728", "#7f7f7f"])
+    chart = (
+        alt.Chart(band).mark_area(opacity=0.2, color="#7f7f7f").encode(x="removed:Q", y="lo:Q", y2="hi:Q")
+        + alt.Chart(lines).mark_line(point=True).encode(
+            x=alt.X("removed:Q", title=t("lesson.explain.removed_axis")),
+            y=alt.Y("change:Q", title=change_title),
+            color=alt.Color("order:N", scale=colours, title=None, legend=alt.Legend(orient="top")),
+            tooltip=["order", alt.Tooltip("removed:Q", format=".0f"), alt.Tooltip("change:Q", format=".4f")],
+        )
+    ).properties(height=340)
+    left, right = st.columns([3, 2], gap="large")
+    left.altair_chart(chart, width="stretch")
+    left.caption(change_title)
+    filled = lesson.fill_image(cap.input, fill, model.patch)
+    last = result.removed[-1]
+    with right:
+        pics = st.columns(2)
+        for col, order, caption in ((pics[0], result.order, order_attended), (pics[1], result.random_orders[0], order_random)):
+            x = lesson.remove_patches(cap.input, order[:last], cap.grid, model.patch, filled)
+            col.image(enlarged(lesson.to_picture(model, x), 224), caption=f"{caption} · {last}/{result.num_patches}")
+    st.info(t(f"lesson.explain.{result.verdict}", gap=result.gap, margin=result.margin,
+              attended=float(result.attended[-1]), random=float(result.random_mean[-1]),
+              percent=100 * result.fractions[-1]))
+    st.caption(t("lesson.explain.caveats"))
+
+
+# --- The page ----------------------------------------------------------------------------------
+
+st.set_page_config(page_title="attnviz · lesson", page_icon="👁", layout="wide")
+ui.language_picker()
+settings = ui.model_settings()
+
+st.title(t("lesson.title"))
+st.caption(t("lesson.subtitle"))
+
+model, model_error = ui.load(settings)
+if model_error:
+    st.warning(t("model.fallback", reason=model_error))
+
+photo_col, choice_col = st.columns([1, 3])
+with choice_col:
+    picked = ui.image_input()
+if picked is None:
+    st.info(t("input.waiting"))
+    st.stop()
+data, filename = picked
+checked = ui.checked_image(data, filename)
+if isinstance(checked, str):
+    st.error(checked)
+    st.stop()
+for note in checked.notes:
+    st.info(t("input.note", note=note))
+
+with st.spinner(t("capture.running")):
+    cap_key = ((*settings.key, model.size), ui.digest(data), settings.fit)
+    cap = ui.cached_capture(*cap_key, _model=model, _image=checked)
+view = model.view(checked.image, settings.fit)
+photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]))
+with choice_col:
+    layer_col, head_col = st.columns(2)
+    layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, cap.num_layers, key="lesson_layer") - 1
+    head = head_col.selectbox(t("lesson.head"), list(range(cap.num_heads)), key="lesson_head",
+                              format_func=lambda h: t("lesson.head_n", n=h + 1))
+
+tabs = st.tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
+with tabs[0]:
+    step_qkv(model, cap, layer, head)
+with tabs[1]:
+    step_by_hand()
+with tabs[2]:
+    step_scale()
+with tabs[3]:
+    step_pair(model, cap, view, layer, head)
+with tabs[4]:
+    step_heads(cap, view, layer)
+with tabs[5]:
+    step_cost(model)
+with tabs[6]:
+    step_not_explanation(model, cap, cap_key, layer)
