@@ -1,0 +1,82 @@
+"""Both languages have every key of every part file, the same placeholders, and no empty strings."""
+from __future__ import annotations
+
+import string
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from attnviz import i18n
+
+LOCALES = Path(i18n.__file__).with_name("locales")
+
+
+def placeholders(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def part_keys(lang: str) -> dict[str, set[str]]:
+    parts = {}
+    for path in sorted((LOCALES / lang).glob("*.toml")):
+        with open(path, "rb") as f:
+            parts[path.name] = set(i18n._flatten(tomllib.load(f)))
+    return parts
+
+
+def test_every_language_has_the_same_part_files():
+    names = {lang: sorted(p.name for p in (LOCALES / lang).glob("*.toml")) for lang in i18n.LANGUAGES}
+    assert names["en"], "no catalogues found"
+    for lang, files in names.items():
+        assert files == names["en"], f"{lang} has part files {files}, English has {names['en']}"
+
+
+@pytest.mark.parametrize("lang", [lang for lang in i18n.LANGUAGES if lang != "en"])
+def test_each_part_file_has_the_same_keys_in_both_languages(lang):
+    english, other = part_keys("en"), part_keys(lang)
+    for name, keys in english.items():
+        assert not keys - other.get(name, set()), f"{lang}/{name} lacks {sorted(keys - other.get(name, set()))}"
+        assert not other.get(name, set()) - keys, f"{lang}/{name} has extra {sorted(other[name] - keys)}"
+
+
+def test_no_key_repeats_across_part_files():
+    for lang in i18n.LANGUAGES:
+        seen: dict[str, str] = {}
+        for name, keys in part_keys(lang).items():
+            for key in keys:
+                assert key not in seen, f"{lang}: {key} is in both {seen[key]} and {name}"
+                seen[key] = name
+
+
+@pytest.mark.parametrize("lang", list(i18n.LANGUAGES))
+def test_strings_are_non_empty_and_placeholders_match_english(lang):
+    english, other = i18n.catalogue("en"), i18n.catalogue(lang)
+    assert set(other) == set(english)
+    for key, template in other.items():
+        assert isinstance(template, str) and template.strip(), f"{lang}: {key} is empty"
+        assert placeholders(template) == placeholders(english[key]), f"{lang}: {key} has other placeholders"
+
+
+def test_chinese_catalogue_is_chinese_and_uses_taiwanese_terms():
+    zh = i18n.catalogue("zh-TW")
+    text = "".join(zh.values())
+    for term in ("注意力", "查詢", "鍵", "值", "圖塊", "類別 token", "多頭注意力", "熱力圖"):
+        assert term in text, term
+    # Simplified forms that a Taiwanese classroom would not use.
+    for simplified in ("注意力图", "查询", "热力图", "图块", "类别"):
+        assert simplified not in text, simplified
+    assert zh["lesson.title"] != i18n.catalogue("en")["lesson.title"]
+
+
+def test_text_fills_placeholders():
+    assert i18n.text("en", "lesson.head_n", n=3) == "head 3"
+    assert i18n.text("zh-TW", "lesson.head_n", n=3) == "第 3 個頭"
+    assert i18n.text("en", "lesson.scale.variance", what="q·k", var=65.416, expected=64, std=8.088) == (
+        "Variance of q·k: **65.42** (theory: 64); typical size (standard deviation): **8.09**."
+    )
+    with pytest.raises(KeyError):
+        i18n.text("en", "lesson.head_n", m=3)  # a placeholder left unfilled
+    with pytest.raises(KeyError):
+        i18n.text("en", "lesson.no_such_key")
+    with pytest.raises(KeyError):
+        i18n.text("xx", "lesson.title")

@@ -1,0 +1,81 @@
+"""The lesson page runs in both languages and shows the worked example's numbers."""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from attnviz import i18n
+
+from conftest import ROOT
+
+PAGE = str(ROOT / "pages" / "1_Lesson.py")
+
+
+def texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "latex", "caption", "success", "info") for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def open_page(lang: str) -> AppTest:
+    # The language is chosen before the first run: AppTest cannot switch a radio whose labels were
+    # translated in an earlier run.
+    at = AppTest.from_file(PAGE, default_timeout=300)
+    at.session_state["lang"] = lang
+    at.run()
+    return at
+
+
+@pytest.fixture(scope="module")
+def pages() -> dict[str, AppTest]:
+    return {lang: open_page(lang) for lang in i18n.LANGUAGES}
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_page_runs_and_shows_worked_example(pages: dict[str, AppTest], lang: str):
+    page = pages[lang]
+    assert page.selectbox(key="lang").value == lang
+    assert not page.exception, [e.value for e in page.exception]
+    assert not page.error, [e.value for e in page.error]
+    assert page.title[0].value == i18n.text(lang, "lesson.title")
+    shown = texts(page)
+    # Step 2 with its default inputs: scores 1, 0, 1 → 0.707, 0, 0.707 → e: 2.03, 1, 2.03 (Σ 5.06) → 0.40, 0.20, 0.40.
+    assert "| 1 | [1.00, 0.00] | [1.00, 0.00] | 1.00 | 0.707 | 2.03 | 0.40 |" in shown
+    assert "| 2 | [0.00, 1.00] | [0.00, 1.00] | 0.00 | 0.000 | 1.00 | 0.20 |" in shown
+    assert "| Σ | | | | | 5.06 | 1.00 |" in shown
+    assert i18n.text(lang, "lesson.hand.output", output="[0.80, 0.60]") in shown
+    # Step 3: the two softmax examples.
+    assert i18n.text(lang, "lesson.scale.result", scores="[2, 1, 0]", weights="[0.67, 0.24, 0.09]") in shown
+    assert i18n.text(lang, "lesson.scale.result", scores="[20, 10, 0]", weights="[0.99995, 0.000045, 0.0000000021]") in shown
+    # Every tab title is in the chosen language.
+    assert [tab.label for tab in page.tabs] == [i18n.text(lang, f"lesson.tab{i}") for i in range(1, 8)]
+
+
+def test_editing_an_input_updates_every_number(pages: dict[str, AppTest]):
+    page = pages["en"]
+    page.number_input(key="ex_q1").set_value(1.0).run()  # q = [1, 1]: scores 1, 1, 2
+    assert not page.exception
+    shown = texts(page)
+    # scaled 0.707, 0.707, 1.414 → e: 2.03, 2.03, 4.11 (Σ 8.17) → weights 0.25, 0.25, 0.50 → o = [0.75, 0.75]
+    assert "| 3 | [1.00, 1.00] | [1.00, 1.00] | 2.00 | 1.414 | 4.11 | 0.50 |" in shown
+    assert "| Σ | | | | | 8.17 | 1.00 |" in shown
+    assert i18n.text("en", "lesson.hand.output", output="[0.75, 0.75]") in shown
+    page.number_input(key="ex_q1").set_value(0.0).run()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_pair_step_agrees_with_heatmap(pages: dict[str, AppTest], lang: str):
+    shown = [s.value for s in pages[lang].success]
+    prefix = i18n.text(lang, "lesson.pair.equal", weight="W", cell="C", diff="D", row=0, col=0).split("W")[0]
+    assert any(s.startswith(prefix) for s in shown)
+
+
+def test_perturbation_test_runs_and_gives_a_verdict(pages: dict[str, AppTest]):
+    # English only: after a rerun AppTest formats translated radio labels outside the session (always "en").
+    page = pages["en"]
+    charts_before = len(page.get("vega_lite_chart"))
+    page.button(key="perturb_run").click().run()
+    assert not page.exception, [e.value for e in page.exception]
+    starts = {i18n.text("en", f"lesson.explain.{v}", gap=0, margin=0, attended=0, random=0, percent=0)[:40]
+              for v in ("more", "same", "less")}
+    assert any(i.value[:40] in starts for i in page.info)
+    assert len(page.get("vega_lite_chart")) == charts_before + 1  # the output-change plot
