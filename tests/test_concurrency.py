@@ -1,0 +1,90 @@
+"""Many sessions share one model object: concurrent captures must equal one-by-one captures, bit for bit."""
+from __future__ import annotations
+
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import attnviz
+
+sys.path.insert(0, str(Path(__file__).parent / "corpus"))
+from make_corpus import photo, quadrants  # noqa: E402
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+THREADS = 16
+
+
+def sixteen_photos() -> list[Image.Image]:
+    """Four real photos, eleven synthetic ones of different sizes and content, one tiny quadrant picture."""
+    real = [Image.open(ASSETS / f).convert("RGB") for f in ("cat.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg")]
+    made = [photo(160 + 37 * i, 120 + 23 * i, seed=i) for i in range(11)]
+    pictures = [*real, *made, quadrants(9, 7)]
+    assert len(pictures) == THREADS
+    return pictures
+
+
+def hooks_left(network: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in network.modules())
+
+
+def concurrently(model: attnviz.Model, pictures: list[Image.Image]) -> list[attnviz.Capture]:
+    start = threading.Barrier(len(pictures))  # all threads enter the forward pass together
+
+    def one(picture: Image.Image) -> attnviz.Capture:
+        start.wait(timeout=60)
+        return attnviz.capture(model, picture)
+
+    with ThreadPoolExecutor(len(pictures)) as pool:
+        return list(pool.map(one, pictures))
+
+
+def assert_same(a: attnviz.Capture, b: attnviz.Capture) -> None:
+    assert torch.equal(a.input, b.input)
+    assert torch.equal(a.query, b.query)  # every layer's and head's queries (L, H, N, d_k)
+    assert torch.equal(a.key, b.key)
+    assert torch.equal(a.output, b.output)
+
+
+@pytest.fixture(scope="module")
+def real_runs(real_model):
+    """The sixteen photos captured one by one, then all at once in sixteen threads."""
+    pictures = sixteen_photos()
+    one_by_one = [attnviz.capture(real_model, p) for p in pictures]
+    return one_by_one, concurrently(real_model, pictures)
+
+
+def test_sixteen_threads_equal_one_by_one_on_the_real_model(real_model, real_runs):
+    one_by_one, together = real_runs
+    # The photos really differ, so a capture swapped between threads could not go unnoticed.
+    assert all(not torch.equal(one_by_one[0].query, c.query) for c in one_by_one[1:])
+    for alone, shared in zip(one_by_one, together):
+        assert_same(alone, shared)
+    assert hooks_left(real_model.network) == 0
+
+
+def test_weights_from_concurrent_captures_equal_one_by_one(real_runs):
+    for alone, shared in zip(*real_runs):
+        for layer in (0, 11):
+            assert torch.equal(alone.layer_weights(layer), shared.layer_weights(layer))
+
+
+def test_tiny_model_many_rounds_no_crossing(tiny):
+    pictures = [photo(40 + i, 30 + 2 * i, seed=100 + i) for i in range(THREADS)]
+    one_by_one = [attnviz.capture(tiny, p) for p in pictures]
+    for _ in range(3):
+        for alone, shared in zip(one_by_one, concurrently(tiny, pictures)):
+            assert_same(alone, shared)
+    assert hooks_left(tiny.network) == 0
+
+
+def test_hooks_are_removed_when_the_forward_pass_fails(tiny):
+    with pytest.raises(RuntimeError):
+        attnviz.capture_tensor(tiny, torch.zeros(1, 5, 32, 32))  # wrong channel count: fails inside the model
+    assert hooks_left(tiny.network) == 0
+    attnviz.capture(tiny, photo(32, 32))  # and the model still works afterwards
+    assert hooks_left(tiny.network) == 0
