@@ -1,0 +1,58 @@
+"""The page through Streamlit's AppTest: samples, Layer and Head re-draw, no exception, no model re-run."""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import ROOT
+
+
+@pytest.fixture
+def app():
+    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()
+
+
+def heatmap_url(at) -> str:
+    return at.get("image")[0].proto.imgs[0].url
+
+
+def test_first_view_shows_the_heatmap_and_the_facts(app):
+    assert not app.exception and not app.error
+    assert [s.label for s in app.slider if s.key == "layer"] == ["Layer"]
+    assert app.selectbox(key="head").label == "Head"
+    assert app.slider(key="layer").value == 12 and app.selectbox(key="head").value == "mean"
+    facts = app.markdown[0].value
+    assert "**14 × 14**" in facts and "**197**" in facts and "d_k = 64" in facts
+    assert any("no class predictions" in i.value for i in app.info)
+
+
+def test_layer_and_head_change_the_picture(app):
+    first = heatmap_url(app)
+    app.slider(key="layer").set_value(3).run()
+    after_layer = heatmap_url(app)
+    app.selectbox(key="head").set_value(2).run()
+    after_head = heatmap_url(app)
+    assert len({first, after_layer, after_head}) == 3
+    assert not app.exception
+    assert app.subheader[0].value == "Layer 3, head 2: where the class token looks"
+
+
+def test_changing_the_view_does_not_run_the_model_again(app, monkeypatch):
+    import attnviz
+
+    calls = []
+    original = attnviz.capture
+    monkeypatch.setattr(attnviz, "capture", lambda *a, **k: calls.append(1) or original(*a, **k))
+    app.slider(key="layer").set_value(5).run()
+    app.selectbox(key="head").set_value("max").run()
+    app.slider(key="alpha").set_value(0.3).run()
+    assert calls == [] and not app.exception
+
+
+def test_another_sample_and_chinese(app):
+    app.selectbox(key="sample").set_value("rocket").run()
+    assert not app.exception and heatmap_url(app)
+    app.selectbox(key="lang").set_value("zh-TW").run()
+    assert not app.exception
+    assert app.title[0].value == "視覺 Transformer 在看哪裡？"
+    assert app.slider(key="layer").label == "層"

@@ -1,0 +1,66 @@
+"""The real page in a real browser: upload a photo, see the heatmap, switch layer and head."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ASSETS, ROOT
+from serve import chromium, chromium_path, streamlit_server
+
+SHOTS = ROOT / "screenshots"
+HEATMAP = "[data-testid='stImage'] img"
+
+
+@pytest.fixture(scope="module")
+def server():
+    if chromium_path() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("Debian's chromium is missing: .ci/run must install it")
+        pytest.skip("chromium is not installed")
+    with streamlit_server() as (url, _proc):
+        yield url
+
+
+def heatmap_src(page) -> str:
+    return page.locator(HEATMAP).first.get_attribute("src")
+
+
+def wait_for_new_heatmap(page, old: str) -> str:
+    page.wait_for_function(
+        "([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old && i.complete; }",
+        arg=[HEATMAP, old], timeout=60_000,
+    )
+    return heatmap_src(page)
+
+
+@pytest.mark.browser
+def test_upload_then_switch_layer_and_head(server):
+    SHOTS.mkdir(exist_ok=True)
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(server)
+        page.get_by_text("Upload a photo", exact=True).click()
+        page.locator("input[type=file]").set_input_files(str(ASSETS / "coffee.jpg"))
+        page.wait_for_selector(HEATMAP, timeout=120_000)
+        page.wait_for_function("s => document.querySelector(s).complete", arg=HEATMAP)
+        first = heatmap_src(page)
+        assert page.get_by_text("Layer 12, mean of all heads: where the class token looks").is_visible()
+        page.screenshot(path=SHOTS / "upload.png", full_page=True)
+
+        # Layer: the slider thumb takes arrow keys like any slider
+        page.get_by_role("slider", name="Layer").focus()
+        for _ in range(4):
+            page.keyboard.press("ArrowLeft")
+        second = wait_for_new_heatmap(page, first)
+        page.get_by_text("Layer 8, mean of all heads", exact=False).wait_for()
+
+        # Head: open the select box and pick head 3
+        page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input").click()
+        page.get_by_role("option", name="3", exact=True).click()
+        third = wait_for_new_heatmap(page, second)
+        page.get_by_text("Layer 8, head 3: where the class token looks").wait_for()
+        assert len({first, second, third}) == 3
+        assert page.locator("[data-testid='stException']").count() == 0
+        page.screenshot(path=SHOTS / "layer8_head3.png", full_page=True)
