@@ -28,8 +28,15 @@ class Context:
     fit: str
 
 
-from . import cls  # noqa: E402  (views import Context from here)
+from . import cls, heads, mask, matrix, query, relevance, rollout, stats  # noqa: E402  (views import Context from here)
 
 VIEWS: dict[str, Callable[[Context], None]] = {
     "cls": cls.show,
+    "query": query.show,
+    "matrix": matrix.show,
+    "heads": heads.show,
+    "rollout": rollout.show,
+    "mask": mask.show,
+    "stats": stats.show,
+    "relevance": relevance.show,
 }

@@ -1,0 +1,47 @@
+"""Class-specific maps (Chefer et al. 2021) for one of the top-5 classes of a classifier."""
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz import render
+from attnviz.relevance import RelevanceError, relevance_map
+from ui import t
+
+from . import Context
+from .common import colour_scale, download_file, enlarge, png_bytes, remember
+
+TOP = 5
+
+
+def top_classes(ctx: Context) -> list[tuple[int, str, float]]:
+    """(class index, label, probability) of the most probable classes; empty without a classifier."""
+    if ctx.model.labels is None:
+        return []
+    probs = ctx.cap.output.float().softmax(-1)
+    p, i = probs.topk(min(TOP, probs.shape[0]))
+    return [(j, ctx.model.labels[j], q) for q, j in zip(p.tolist(), i.tolist())]
+
+
+def show(ctx: Context) -> None:
+    st.markdown(t("analysis.relevance.explain"))
+    top = top_classes(ctx)
+    if not top:
+        st.selectbox(t("analysis.relevance.choose"), ["—"], disabled=True, key="relevance_class_disabled")
+        st.info(t("analysis.relevance.disabled", reason=t("facts.no_classes")))
+        return
+    index, label, _ = st.radio(
+        t("analysis.relevance.choose"), top, key=None, horizontal=True,
+        format_func=lambda c: t("analysis.relevance.option", label=c[1], p=c[2]),
+    )
+    cap = ctx.cap
+    try:
+        with st.spinner(t("analysis.relevance.computing")):
+            grid_map = remember(f"relevance{index}", cap, (ctx.model.name,), lambda: relevance_map(ctx.model, cap, index))
+    except RelevanceError as e:
+        st.info(t("analysis.relevance.disabled", reason=str(e)))
+        return
+    st.subheader(t("analysis.relevance.title", label=label))
+    picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    st.image(picture, caption=t("analysis.relevance.caption", label=label))
+    colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.relevance.units"))
+    download_file(png_bytes(picture), f"relevance_class{index}.png", key="download_relevance")

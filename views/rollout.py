@@ -1,0 +1,56 @@
+"""Attention rollout next to the raw attention of the last rolled-out layer."""
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+from attnviz import render
+from attnviz.capture import HEAD_FUSIONS
+from attnviz.rollout import rollout_map
+from ui import t
+
+from . import Context
+from .common import colour_scale, download_file, enlarge, png_bytes, remember
+
+
+def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.Image:
+    sheet = Image.new("RGB", (left.width + gap + right.width, max(left.height, right.height)), "white")
+    sheet.paste(left, (0, 0))
+    sheet.paste(right, (left.width + gap, 0))
+    return sheet
+
+
+def show(ctx: Context) -> None:
+    cap = ctx.cap
+    last_layer = cap.num_layers
+    st.markdown(t("analysis.rollout.explain"))
+    c1, c2, c3 = st.columns([3, 2, 2])
+    first, last = c1.slider(t("analysis.rollout.layers"), 1, last_layer, (1, last_layer), key="rollout_layers")
+    fusion = c2.selectbox(
+        t("analysis.fusion"), HEAD_FUSIONS, key="rollout_fusion", format_func=lambda h: t(f"view.head_{h}")
+    )
+    discard = c3.slider(
+        t("analysis.rollout.discard"), 0.0, 0.95, 0.0, 0.05, key="rollout_discard", help=t("analysis.rollout.discard_help"),
+        format="%.2f",
+    )
+    args = (first, last, fusion, discard)
+    rolled = remember("rollout", cap, args, lambda: rollout_map(cap, first - 1, last - 1, fusion, discard))  # (h, w)
+    raw = cap.cls_map(last - 1, fusion)  # (h, w)
+    st.subheader(t("analysis.rollout.title", first=first, last=last, fusion=t(f"view.head_{fusion}")))
+
+    pictures = []
+    left, right = st.columns(2, gap="large")
+    for column, grid_map, title, caption, units in (
+        (left, raw, t("analysis.rollout.raw_title", layer=last), t("analysis.rollout.raw_caption", layer=last),
+         t("analysis.weight_units")),
+        (right, rolled, t("analysis.rollout.roll_title", first=first, last=last),
+         t("analysis.rollout.roll_caption", first=first, last=last), t("analysis.rollout.units")),
+    ):
+        picture = enlarge(render.overlay(ctx.view, np.asarray(grid_map), ctx.alpha, ctx.cmap, ctx.smooth))
+        pictures.append(picture)
+        with column:
+            st.markdown(f"**{title}**")
+            st.image(picture, caption=caption)
+            colour_scale(np.asarray(grid_map), ctx.cmap, picture.width, units)
+    download_file(png_bytes(side_by_side(*pictures)), f"rollout_layers{first}-{last}_{fusion}.png", key="download_rollout")
