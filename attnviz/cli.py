@@ -1,7 +1,7 @@
 """Command line: ``python -m attnviz export IMAGE... --out DIR [--model NAME] [--size PX]``.
 
 Per image writes ``DIR/<stem>.npz`` (``attention`` (L, H, N, N) float32, ``input`` (1, 3, S, S),
-``grid`` (h, w), ``num_prefix_tokens``) and ``DIR/<stem>_overlay.png`` (last layer, mean of heads).
+``grid`` (h, w), ``num_prefix_tokens``; with ``--rollout`` also ``rollout`` (h, w)) and ``DIR/<stem>_overlay.png`` (last layer, mean of heads).
 A bad file gets one line on stderr naming it; the others are still written; the exit code is 1.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import capture, load_model, render
+from .rollout import cls_rollout_grid
 from .images import ImageError, open_image
 from .models import ModelError
 
@@ -24,7 +25,7 @@ def safe_stem(path: str) -> str:
     return stem or "image"
 
 
-def export_one(model, path: Path, out: Path, stem: str) -> None:
+def export_one(model, path: Path, out: Path, stem: str, with_rollout: bool = False) -> None:
     checked = open_image(path.read_bytes(), path.name)
     cap = capture(model, checked.image)
     arrays = {
@@ -33,6 +34,8 @@ def export_one(model, path: Path, out: Path, stem: str) -> None:
         "grid": np.array(cap.grid),
         "num_prefix_tokens": np.array(cap.num_prefix_tokens),
     }
+    if with_rollout:
+        arrays["rollout"] = cls_rollout_grid(cap)  # (h, w): CLS rollout, head mean, no discard, residual 0.5
     np.savez_compressed(out / f"{stem}.npz", **arrays)
     view = model.view(checked.image)
     render.overlay(view, cap.cls_map(cap.num_layers - 1, "mean")).save(out / f"{stem}_overlay.png")
@@ -57,7 +60,7 @@ def export(args: argparse.Namespace) -> int:
         try:
             if not path.is_file():
                 raise ImageError(f"{name} does not exist.")
-            export_one(model, path, out, stem)
+            export_one(model, path, out, stem, args.rollout)
         except ImageError as e:
             tqdm.write(f"error: {e}", file=sys.stderr)
             failed += 1
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
     ex.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
     ex.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    ex.add_argument("--rollout", action="store_true", help="also write `rollout`: the CLS attention rollout on the grid")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     return export(args)

@@ -18,7 +18,7 @@ def test_export_writes_exact_arrays_and_reports_bad_files(tmp_path, real_model):
     out = tmp_path / "out"
     run = subprocess.run(
         [sys.executable, "-m", "attnviz", "export", str(ASSETS / "cat.jpg"), str(bad), str(ASSETS / "coffee.jpg"),
-         "--out", str(out), "--quiet"],
+         "--out", str(out), "--quiet", "--rollout"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 1
@@ -34,6 +34,10 @@ def test_export_writes_exact_arrays_and_reports_bad_files(tmp_path, real_model):
     np.testing.assert_array_equal(z["input"], cap.input.numpy())
     np.testing.assert_allclose(z["attention"][11, 2], cap.weights(11, 2), atol=1e-6)
     assert Image.open(out / "cat_overlay.png").size == (196, 196)
+    from attnviz.rollout import rollout_map
+
+    np.testing.assert_allclose(z["rollout"], rollout_map(cap, head="mean", discard=0.0, residual=0.5), atol=1e-6)
+    assert z["rollout"].shape == (14, 14)
 
 
 def test_safe_stem_blocks_path_traversal():
