@@ -1,0 +1,153 @@
+"""Many uploads through one server process: bounded memory, no hooks left, no temporary files, nothing on disk.
+
+Short by default (20 uploads); ``--slow`` runs the full 200. The measured figure is printed.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from PIL import PngImagePlugin
+
+from test_browser_load import HEATMAP, open_upload, require_chromium
+
+sys.path.insert(0, str(Path(__file__).parent / "corpus"))
+from make_corpus import photo  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PORT = 8642
+WARM_UP = 14  # fills the capture cache (12 entries) before memory is measured
+GROWTH_LIMIT_MB = 50
+
+# Runs the real server, plus a thread that, whenever "<report>.ask" appears, writes to <report> how many
+# hooks are attached to any torch module in the process.
+LAUNCHER = """
+import gc, json, os, sys, threading, time, runpy
+report = sys.argv[1]
+def answer():
+    while True:
+        time.sleep(0.2)
+        if os.path.exists(report + ".ask") and "torch" in sys.modules:
+            import torch
+            modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+            hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
+            with open(report + ".tmp", "w") as f:
+                json.dump({"modules": len(modules), "hooks": hooks}, f)
+            os.replace(report + ".tmp", report)
+            os.unlink(report + ".ask")
+threading.Thread(target=answer, daemon=True).start()
+sys.argv = ["streamlit", "run", sys.argv[2], *sys.argv[3:]]
+runpy.run_module("streamlit", run_name="__main__")
+"""
+
+
+@contextlib.contextmanager
+def probed_server(port: int, report: Path, tmpdir: Path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(report), str(ROOT / "app.py"), "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true"],
+        cwd=ROOT, env={**os.environ, "TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the Streamlit server did not start")
+            time.sleep(0.3)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def hooks_attached(proc: subprocess.Popen, report: Path) -> dict:
+    report.unlink(missing_ok=True)
+    Path(f"{report}.ask").touch()
+    deadline = time.monotonic() + 30
+    while not report.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server did not answer the hook probe")
+        time.sleep(0.1)
+    return json.loads(report.read_text())
+
+
+def upload_bytes(i: int, token: str) -> bytes:
+    """Upload number ``i``: a different photo each time, carrying ``token`` so disk copies can be found."""
+    info = PngImagePlugin.PngInfo()
+    info.add_text("upload-token", token)
+    buffer = io.BytesIO()
+    photo(320 + i % 7 * 16, 240 + i % 5 * 16, seed=1000 + i).save(buffer, format="PNG", pnginfo=info)
+    return buffer.getvalue()
+
+
+def rss_mb(proc: subprocess.Popen) -> float:
+    return psutil.Process(proc.pid).memory_info().rss / 2**20
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("uploads", [
+    20, pytest.param(200, marks=pytest.mark.slow),
+], ids=["short", "full"])
+def test_soak(uploads, tmp_path):
+    require_chromium()
+    from serve import chromium
+
+    token = secrets.token_hex(12)
+    server_tmp = tmp_path / "server_tmp"
+    server_tmp.mkdir()
+    report = tmp_path / "hooks.json"
+    since = time.time() - 1
+    warm = WARM_UP
+    with probed_server(PORT, report, server_tmp) as (url, proc), chromium() as browser:
+        temp_before = set(os.listdir(server_tmp))
+        page = open_upload(browser.new_context(viewport={"width": 1300, "height": 1000}), url)
+        previous, after_warm_up = None, None
+        for i in range(uploads):
+            page.locator("input[type=file]").set_input_files(
+                files=[{"name": f"soak_{i}.png", "mimeType": "image/png", "buffer": upload_bytes(i, token)}])
+            page.wait_for_function(
+                "([s, old]) => { const i = document.querySelector(s); return i && i.src !== old && i.complete; }",
+                arg=[HEATMAP, previous], timeout=120_000)
+            previous = page.locator(HEATMAP).first.get_attribute("src")
+            assert page.locator("[data-testid='stException']").count() == 0
+            if i + 1 == warm:
+                after_warm_up = rss_mb(proc)
+        page.wait_for_timeout(1000)  # let the last run finish releasing its objects
+        end = rss_mb(proc)
+        probe = hooks_attached(proc, report)
+        temp_after = set(os.listdir(server_tmp))
+    growth = end - after_warm_up
+    print(f"\nsoak: {uploads} uploads; server RSS {after_warm_up:.0f} MB after {warm} warm-up uploads, "
+          f"{end:.0f} MB at the end: growth {growth:+.1f} MB; hooks attached: {probe['hooks']} "
+          f"on {probe['modules']} modules; new temporary files: {len(temp_after - temp_before)}")
+    assert probe["modules"] > 100 and probe["hooks"] == 0
+    assert temp_after - temp_before == set()
+    assert growth <= GROWTH_LIMIT_MB
+    for folder in (ROOT, server_tmp):  # no copy of any upload anywhere on disk
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames[:] = [d for d in dirnames if d not in (".git", ".venv")]
+            for f in filenames:
+                path = Path(dirpath) / f
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime >= since and path.stat().st_size < 50 * 2**20:
+                        assert token.encode() not in path.read_bytes(), f"an upload was written to {path}"
