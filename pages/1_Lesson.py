@@ -46,6 +46,22 @@ def outline(picture: Image.Image, grid: tuple[int, int], cells: list[tuple[int, 
     return framed
 
 
+def remembered_choice(widget, label: str, options: list, key: str, format_func, **kwargs):
+    """A radio / selectbox whose translated labels survive a language switch.
+
+    The widget's key carries the language, so a switch makes a fresh widget with the new labels (a kept
+    widget would keep the old ones and can come back empty); the choice itself is remembered under a
+    language-free key and becomes the new widget's starting value.
+    """
+    memory = f"{key}.choice"
+    previous = st.session_state.get(memory)
+    index = options.index(previous) if previous in options else 0
+    lang = st.session_state.get("lang", "en")
+    value = widget(label, options, index=index, key=f"{key}.{lang}", format_func=format_func, **kwargs)
+    st.session_state[memory] = value
+    return value
+
+
 def plain(x: float) -> str:
     """A probability written out without exponents, with enough decimals to show it is not 0 or 1."""
     if 0.01 <= x <= 0.99 or x in (0.0, 1.0):
@@ -55,8 +71,18 @@ def plain(x: float) -> str:
     return f"{x:.{math.ceil(-math.log10(x)) + 1}f}"
 
 
+def num(x: float, digits: int = 2) -> str:
+    """Fixed decimals, or three significant digits once a number is too long to read (e^50 …)."""
+    return f"{x:.3g}" if abs(x) >= 1e5 else f"{x:.{digits}f}"
+
+
 def vector(v: np.ndarray, digits: int = 2) -> str:
-    return "[" + ", ".join(f"{x:.{digits}f}" for x in v) + "]"
+    return "[" + ", ".join(num(x, digits) for x in v) + "]"
+
+
+def short(v: np.ndarray) -> str:
+    """A hand-typed vector as typed: [1, 0], [0.5, -2]."""
+    return "[" + ", ".join(f"{x:g}" for x in v) + "]"
 
 
 def bars(values: np.ndarray, labels: list[str], title: str, domain=(0, 1)) -> alt.Chart:
@@ -109,7 +135,7 @@ def step_by_hand() -> None:
     q = [cols[0].number_input(f"q₁ [{d + 1}]", -10.0, 10.0, (1.0, 0.0)[d], 0.5, key=f"ex_q{d}") for d in range(2)]
     keys = []
     for j in range(3):
-        cols[j + 1].markdown(f"**{t('lesson.hand.key', j=j + 1)}**")
+        cols[j + 1].markdown(f"**{t('lesson.hand.key', j='₁₂₃'[j])}**")
         keys.append([
             cols[j + 1].number_input(f"k{'₁₂₃'[j]} [{d + 1}]", -10.0, 10.0, default_keys[j][d], 0.5, key=f"ex_k{j}{d}")
             for d in range(2)
@@ -133,32 +159,26 @@ def step_by_hand() -> None:
     ]
     for j in range(3):
         table.append(
-            f"| {j + 1} | {vector(ex.keys[j])} | {vector(ex.values[j])} | {ex.scores[j]:.2f} | {ex.scaled[j]:.3f} "
-            f"| {ex.exps[j]:.2f} | {ex.weights[j]:.2f} |"
+            f"| {j + 1} | {short(ex.keys[j])} | {short(ex.values[j])} | {ex.scores[j]:.2f} | {ex.scaled[j]:.3f} "
+            f"| {num(ex.exps[j])} | {ex.weights[j]:.2f} |"
         )
-    table.append(f"| Σ | | | | | {ex.exp_sum:.2f} | {ex.weights.sum():.2f} |")
+    table.append(f"| Σ | | | | | {num(ex.exp_sum)} | {ex.weights.sum():.2f} |")
     left, right = st.columns([3, 2], gap="large")
-    with left:
-        st.markdown("\n".join(table))
-        dots = " ".join(
-            rf"&\; q\cdot k_{j + 1} = " + " + ".join(f"({a:g})({b:g})" for a, b in zip(ex.query, ex.keys[j]))
-            + rf" = {ex.scores[j]:.2f} \\" for j in range(3)
-        )
-        st.latex(r"\begin{aligned}" + dots + r"\end{aligned}")
-        st.latex(
-            rf"\frac{{q\cdot k_j}}{{\sqrt{{d_k}}}} = \frac{{q\cdot k_j}}{{\sqrt{{2}}}} = {vector(ex.scaled, 3)}"
-            rf",\qquad e^{{\,\cdot\,}} = {vector(ex.exps)},\quad \Sigma = {ex.exp_sum:.2f}"
-        )
-        st.latex(
-            rf"\text{{softmax}} = \frac{{e^{{\,\cdot\,}}}}{{\Sigma}} = {vector(ex.weights)}"
-        )
-        terms = " + ".join(f"{ex.weights[j]:.2f}\\,{vector(ex.values[j])}" for j in range(3))
-        st.latex(rf"o = {terms} = {vector(ex.output)}")
-        st.success(t("lesson.hand.output", output=vector(ex.output)))
-    with right:
-        labels = [f"k{sub[j]}" for j in range(3)]
-        st.altair_chart(bars(ex.weights, labels, t("lesson.hand.weight")), width="stretch")
-        st.caption(t("lesson.hand.chart_caption"))
+    left.markdown("\n".join(table))
+    right.altair_chart(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight")), width="stretch")
+    right.caption(t("lesson.hand.chart_caption"))
+
+    dots = " ".join(
+        rf"q\cdot k_{j + 1} &= " + " + ".join(f"({a:g})({b:g})" for a, b in zip(ex.query, ex.keys[j]))
+        + rf" = {ex.scores[j]:.2f} \\" for j in range(3)
+    )
+    st.latex(r"\begin{aligned}" + dots + r"\end{aligned}")
+    st.latex(rf"\frac{{q\cdot k_j}}{{\sqrt{{d_k}}}} = \frac{{q\cdot k_j}}{{\sqrt{{2}}}} = {vector(ex.scaled, 3)}")
+    st.latex(rf"e^{{q\cdot k_j/\sqrt{{2}}}} = {vector(ex.exps)},\qquad \Sigma = {num(ex.exp_sum)}")
+    st.latex(rf"w_j = \frac{{e^{{q\cdot k_j/\sqrt{{2}}}}}}{{\Sigma}} = {vector(ex.weights)}")
+    terms = " + ".join(f"{ex.weights[j]:.2f}\\,{short(ex.values[j])}" for j in range(3))
+    st.latex(rf"o = \sum_j w_j\, v_j = {terms} = {vector(ex.output)}")
+    st.success(t("lesson.hand.output", output=vector(ex.output)))
 
 
 def step_scale() -> None:
@@ -185,15 +205,19 @@ def step_scale() -> None:
     st.markdown(t("lesson.scale.experiment_intro"))
     d_k = st.select_slider("d_k", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], value=64, key="scale_dk")
     sample = lesson.dot_products(d_k, samples=4000, seed=0)
+    # One x axis for both histograms, so the narrowing is seen, not only read.
+    reach = float(np.abs(sample.dots).max())
+    edges = np.linspace(-reach, reach, 61)
     left, right = st.columns(2)
     for col, data, title, var, expected in (
         (left, sample.dots, "q·k", sample.dots_var, d_k),
         (right, sample.scaled, "q·k / √d_k", sample.scaled_var, 1),
     ):
-        counts, edges = np.histogram(data, bins=40)
+        counts, _ = np.histogram(data, bins=edges)
         table = pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts})
-        chart = alt.Chart(table).mark_bar().encode(
-            x=alt.X("lo:Q", title=title), x2="hi:Q", y=alt.Y("count:Q", title=t("lesson.scale.count")),
+        chart = alt.Chart(table).mark_rect().encode(
+            x=alt.X("lo:Q", title=title, scale=alt.Scale(domain=[-reach, reach])), x2="hi:Q",
+            y=alt.Y("count:Q", title=t("lesson.scale.count")), y2=alt.datum(0),
         ).properties(height=220)
         col.altair_chart(chart, width="stretch")
         col.markdown(t("lesson.scale.variance", what=title, var=var, expected=expected, std=math.sqrt(var)))
@@ -204,8 +228,8 @@ def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: i
     h, w = cap.grid
     st.markdown(t("lesson.pair.intro"))
     controls = st.columns(3)
-    kind = controls[0].radio(
-        t("lesson.pair.query"), ["cls", "patch"], horizontal=True, key="pair_kind",
+    kind = remembered_choice(
+        controls[0].radio, t("lesson.pair.query"), ["cls", "patch"], horizontal=True, key="pair_kind",
         format_func=lambda k: t("lesson.cls_token") if k == "cls" else t("lesson.pair.a_patch"),
     )
     q_row = q_col = None
@@ -224,9 +248,10 @@ def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: i
 
     left, right = st.columns(2, gap="large")
     marks = [(k_row, k_col, KEY_COLOUR)] + ([] if q_row is None else [(q_row, q_col, QUERY_COLOUR)])
-    left.image(outline(enlarged(view), cap.grid, marks), caption=t("lesson.pair.photo_caption"))
+    left.image(outline(enlarged(view), cap.grid, marks), caption=t("lesson.pair.photo_caption"), width=DISPLAY_PX)
     heat = enlarged(render.overlay(view, row_map, alpha=0.75, cmap=CMAP))
-    right.image(outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1))
+    right.image(outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1),
+                width=DISPLAY_PX)
 
     st.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.query.shape[-1]}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
     st.latex(rf"s_{{ij}} = \frac{{q_i\cdot k_j}}{{\sqrt{{d_k}}}} = {pair.dot:.4f} \times {pair.scale:g} = {pair.scaled:.4f}")
@@ -285,8 +310,8 @@ def step_cost(model: Model) -> None:
         y=alt.Y("zero:Q", title=t("lesson.cost.queries")), y2="N:Q",
         color=alt.Color("size:N", sort=None, title=t("lesson.cost.size")),
         order=alt.Order("N:Q", sort="descending"),
-    ).properties(height=320)
-    left.altair_chart(picture, width="stretch")
+    ).properties(width=320, height=320)
+    left.altair_chart(picture, width="content")
     left.caption(t("lesson.cost.squares_caption"))
     memory = alt.Chart(squares).mark_bar().encode(
         x=alt.X("size:N", sort=None, title=t("lesson.cost.size"), axis=alt.Axis(labelAngle=0)),
@@ -313,12 +338,12 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
     st.subheader(t("lesson.explain.test_title"))
     st.markdown(t("lesson.explain.test_intro"))
     controls = st.columns(3)
-    head = controls[0].selectbox(
-        t("lesson.explain.rank_by"), ["mean", *range(cap.num_heads)], key="perturb_head",
+    head = remembered_choice(
+        controls[0].selectbox, t("lesson.explain.rank_by"), ["mean", *range(cap.num_heads)], key="perturb_head",
         format_func=lambda h: t("lesson.explain.mean_heads") if h == "mean" else t("lesson.head_n", n=h + 1),
     )
-    fill = controls[1].radio(t("lesson.explain.fill"), list(lesson.FILLS), key="perturb_fill", horizontal=True,
-                             format_func=lambda f: t(f"lesson.explain.fill_{f}"))
+    fill = remembered_choice(controls[1].radio, t("lesson.explain.fill"), list(lesson.FILLS), key="perturb_fill",
+                             horizontal=True, format_func=lambda f: t(f"lesson.explain.fill_{f}"))
     percent = controls[2].slider(t("lesson.explain.max_fraction"), 10, 90, 50, 10, key="perturb_max", format="%d%%")
     asked = (*key, layer, head, fill, percent)
     if st.button(t("lesson.explain.run", layer=layer + 1), key="perturb_run", type="primary"):
@@ -346,8 +371,8 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
         alt.Chart(band).mark_area(opacity=0.2, color="#7f7f7f").encode(x="removed:Q", y="lo:Q", y2="hi:Q")
         + alt.Chart(lines).mark_line(point=True).encode(
             x=alt.X("removed:Q", title=t("lesson.explain.removed_axis")),
-            y=alt.Y("change:Q", title=change_title),
-            color=alt.Color("order:N", scale=colours, title=None, legend=alt.Legend(orient="top")),
+            y=alt.Y("change:Q", title=t("lesson.explain.change_axis")),
+            color=alt.Color("order:N", scale=colours, title=None, legend=alt.Legend(orient="top", labelLimit=500)),
             tooltip=["order", alt.Tooltip("removed:Q", format=".0f"), alt.Tooltip("change:Q", format=".4f")],
         )
     ).properties(height=340)
@@ -358,7 +383,9 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
     last = result.removed[-1]
     with right:
         pics = st.columns(2)
-        for col, order, caption in ((pics[0], result.order, order_attended), (pics[1], result.random_orders[0], order_random)):
+        for col, order, caption in (
+            (pics[0], result.order, order_attended), (pics[1], result.random_orders[0], t("lesson.explain.random_one"))
+        ):
             x = lesson.remove_patches(cap.input, order[:last], cap.grid, model.patch, filled)
             col.image(enlarged(lesson.to_picture(model, x), 224), caption=f"{caption} · {last}/{result.num_patches}")
     st.info(t(f"lesson.explain.{result.verdict}", gap=result.gap, margin=result.margin,
@@ -402,8 +429,8 @@ photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.g
 with choice_col:
     layer_col, head_col = st.columns(2)
     layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, cap.num_layers, key="lesson_layer") - 1
-    head = head_col.selectbox(t("lesson.head"), list(range(cap.num_heads)), key="lesson_head",
-                              format_func=lambda h: t("lesson.head_n", n=h + 1))
+    head = remembered_choice(head_col.selectbox, t("lesson.head"), list(range(cap.num_heads)), key="lesson_head",
+                             format_func=lambda h: t("lesson.head_n", n=h + 1))
 
 tabs = st.tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
 with tabs[0]:

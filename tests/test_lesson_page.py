@@ -39,8 +39,8 @@ def test_page_runs_and_shows_worked_example(pages: dict[str, AppTest], lang: str
     assert page.title[0].value == i18n.text(lang, "lesson.title")
     shown = texts(page)
     # Step 2 with its default inputs: scores 1, 0, 1 → 0.707, 0, 0.707 → e: 2.03, 1, 2.03 (Σ 5.06) → 0.40, 0.20, 0.40.
-    assert "| 1 | [1.00, 0.00] | [1.00, 0.00] | 1.00 | 0.707 | 2.03 | 0.40 |" in shown
-    assert "| 2 | [0.00, 1.00] | [0.00, 1.00] | 0.00 | 0.000 | 1.00 | 0.20 |" in shown
+    assert "| 1 | [1, 0] | [1, 0] | 1.00 | 0.707 | 2.03 | 0.40 |" in shown
+    assert "| 2 | [0, 1] | [0, 1] | 0.00 | 0.000 | 1.00 | 0.20 |" in shown
     assert "| Σ | | | | | 5.06 | 1.00 |" in shown
     assert i18n.text(lang, "lesson.hand.output", output="[0.80, 0.60]") in shown
     # Step 3: the two softmax examples.
@@ -56,7 +56,7 @@ def test_editing_an_input_updates_every_number(pages: dict[str, AppTest]):
     assert not page.exception
     shown = texts(page)
     # scaled 0.707, 0.707, 1.414 → e: 2.03, 2.03, 4.11 (Σ 8.17) → weights 0.25, 0.25, 0.50 → o = [0.75, 0.75]
-    assert "| 3 | [1.00, 1.00] | [1.00, 1.00] | 2.00 | 1.414 | 4.11 | 0.50 |" in shown
+    assert "| 3 | [1, 1] | [1, 1] | 2.00 | 1.414 | 4.11 | 0.50 |" in shown
     assert "| Σ | | | | | 8.17 | 1.00 |" in shown
     assert i18n.text("en", "lesson.hand.output", output="[0.75, 0.75]") in shown
     page.number_input(key="ex_q1").set_value(0.0).run()
