@@ -79,3 +79,37 @@ def test_perturbation_test_runs_and_gives_a_verdict(pages: dict[str, AppTest]):
               for v in ("more", "same", "less")}
     assert any(i.value[:40] in starts for i in page.info)
     assert len(page.get("vega_lite_chart")) == charts_before + 1  # the output-change plot
+
+
+@pytest.mark.browser
+def test_language_switch_after_running_the_test_in_a_real_browser():
+    """Switching language after the perturbation test keeps every choice and raises nothing (a real bug once)."""
+    import os
+
+    from serve import chromium, chromium_path, streamlit_server
+
+    if chromium_path() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("Debian's chromium is missing: .ci/run must install it")
+        pytest.skip("chromium is not installed")
+    port = int(os.environ.get("ATTNVIZ_LESSON_PORT", "0")) or None
+    with streamlit_server(port) as (url, _proc), chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 2000})
+        page.goto(url + "/Lesson")
+        page.get_by_text(i18n.text("en", "lesson.title")).wait_for(timeout=120_000)
+        page.get_by_role("tab").nth(6).click()
+        page.get_by_role("button", name=i18n.text("en", "lesson.explain.run", layer=12)).click()
+        page.get_by_text(i18n.text("en", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
+        page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()
+        page.get_by_role("option", name="繁體中文").click()
+        page.get_by_text(i18n.text("zh-TW", "lesson.title")).wait_for(timeout=60_000)
+        page.get_by_role("tab").nth(6).click()
+        page.get_by_role("button", name=i18n.text("zh-TW", "lesson.explain.run", layer=12)).click()
+        page.get_by_text(i18n.text("zh-TW", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
+        assert page.locator("[data-testid=stException]").count() == 0
+        assert page.locator("[data-testid=stAlertContentError]").count() == 0
+        # The choices kept their value under their Chinese labels.
+        rank_by = page.get_by_role("combobox", name=i18n.text("zh-TW", "lesson.explain.rank_by"))
+        assert rank_by.input_value() == i18n.text("zh-TW", "lesson.explain.mean_heads")
+        checked = page.locator("[data-testid=stRadio] input[type=radio]:checked")
+        assert checked.count() >= 3  # photo source, fit, removal fill
