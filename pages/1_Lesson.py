@@ -10,7 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 import streamlit as st
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 import ui
 from attnviz import Capture, Model, lesson, render
@@ -60,6 +60,21 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
     value = widget(label, options, index=index, key=f"{key}.{lang}", format_func=format_func, **kwargs)
     st.session_state[memory] = value
     return value
+
+
+def pair_squares(sizes: list[tuple[str, int]], side: int = 360) -> Image.Image:
+    """Nested N × N squares drawn to scale: each one's area is one head's number of query–key pairs."""
+    picture = Image.new("RGB", (side, side), "white")
+    draw = ImageDraw.Draw(picture)
+    font = ImageFont.load_default(size=13)
+    largest = max(n for _, n in sizes)
+    palette = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
+    for (label, n), colour in sorted(zip(sizes, palette), key=lambda s: -s[0][1]):
+        edge = max(2, round((side - 1) * n / largest))
+        light = tuple(int(c + (255 - c) * 0.75) for c in colour)
+        draw.rectangle([0, side - edge, edge - 1, side - 1], fill=light, outline=colour, width=2)
+        draw.text((4, side - edge + 3), f"{label}: N = {n}", fill=colour, font=font)  # ASCII: any font
+    return picture
 
 
 def plain(x: float) -> str:
@@ -207,7 +222,7 @@ def step_scale() -> None:
     sample = lesson.dot_products(d_k, samples=4000, seed=0)
     # One x axis for both histograms, so the narrowing is seen, not only read.
     reach = float(np.abs(sample.dots).max())
-    edges = np.linspace(-reach, reach, 61)
+    edges = np.linspace(-reach, reach, 101)
     left, right = st.columns(2)
     for col, data, title, var, expected in (
         (left, sample.dots, "q·k", sample.dots_var, d_k),
@@ -305,13 +320,7 @@ def step_cost(model: Model) -> None:
         "mb": [r.map_bytes / 1e6 for r in rows],
     })
     left, right = st.columns(2)
-    picture = alt.Chart(squares).mark_rect(opacity=0.35, stroke="black").encode(
-        x=alt.X("zero:Q", title=t("lesson.cost.keys")), x2="N:Q",
-        y=alt.Y("zero:Q", title=t("lesson.cost.queries")), y2="N:Q",
-        color=alt.Color("size:N", sort=None, title=t("lesson.cost.size")),
-        order=alt.Order("N:Q", sort="descending"),
-    ).properties(width=320, height=320)
-    left.altair_chart(picture, width="content")
+    left.image(pair_squares([(f"{r.size} px", r.tokens) for r in rows]), width=360)
     left.caption(t("lesson.cost.squares_caption"))
     memory = alt.Chart(squares).mark_bar().encode(
         x=alt.X("size:N", sort=None, title=t("lesson.cost.size"), axis=alt.Axis(labelAngle=0)),
