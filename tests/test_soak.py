@@ -106,7 +106,7 @@ def rss_mb(proc: subprocess.Popen) -> float:
 
 @pytest.mark.browser
 @pytest.mark.parametrize("uploads", [
-    20, pytest.param(200, marks=pytest.mark.slow),
+    20, pytest.param(200, marks=[pytest.mark.slow, pytest.mark.timeout(2400)]),
 ], ids=["short", "full"])
 def test_soak(uploads, tmp_path):
     require_chromium()
