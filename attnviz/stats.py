@@ -28,6 +28,7 @@ class HeadStats:
     prefix_share: np.ndarray  # (L, H) in [0, 1]
     num_tokens: int
     patch_px: float
+    uniform_distance: float  # the mean distance if every patch attended to all patches equally
 
     @property
     def max_entropy(self) -> float:
@@ -71,4 +72,6 @@ def head_stats(cap: Capture) -> HeadStats:
         dist.append(mean_distance(weights, cap.grid, cap.num_prefix_tokens, patch_px))
         share.append(cls_rows[:, : cap.num_prefix_tokens].sum(-1))
     as_array = lambda xs: torch.stack(xs).cpu().double().numpy()  # noqa: E731
-    return HeadStats(as_array(ent), as_array(dist), as_array(share), cap.num_tokens, float(patch_px))
+    centres = patch_centres(cap.grid, patch_px)
+    uniform = float(torch.cdist(centres, centres).mean())
+    return HeadStats(as_array(ent), as_array(dist), as_array(share), cap.num_tokens, float(patch_px), uniform)

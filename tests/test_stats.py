@@ -66,3 +66,7 @@ def test_head_stats_match_independent_loops(cat):
     np.testing.assert_allclose(stats.distance, dist, atol=1e-4)
     np.testing.assert_allclose(stats.prefix_share, share, atol=1e-6)
     assert stats.max_entropy == pytest.approx(math.log(19))
+    # uniform attention over the 4 × 4 grid of 8 px patches: mean over all ordered pairs of centres
+    pairs = [(a, b) for a in range(16) for b in range(16)]
+    mean = sum(8 * math.hypot(a // 4 - b // 4, a % 4 - b % 4) for a, b in pairs) / len(pairs)
+    assert stats.uniform_distance == pytest.approx(mean)

@@ -38,6 +38,7 @@ def download_png(picture: Image.Image, file_name: str, key: str) -> None:
 # ---- Shared by the analysis views (rollout, query, matrix, heads, mask, stats, relevance) ----
 
 QUERY_COLOUR = (0, 255, 255)  # cyan: the query patch / chosen cell, visible on every colour map
+FIGURE_FONTS = ["DejaVu Sans", "Noto Sans CJK TC", "Noto Sans CJK JP"]
 CHART_PX = 512  # side of a clickable picture: fits the wide column of a 1280 px screen
 
 
@@ -68,6 +69,10 @@ def data_url(picture: Image.Image) -> str:
 def figure_png(fig) -> bytes:
     """A matplotlib ``Figure`` as PNG bytes. Build figures with ``matplotlib.figure.Figure``, never
     pyplot: pyplot keeps global state that the sessions' threads would share."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # Chinese labels fall back to a CJK font where one is installed
+        text.set_fontfamily(FIGURE_FONTS)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="PNG", dpi=120, bbox_inches="tight")
     return buffer.getvalue()

@@ -13,18 +13,26 @@ from .common import QUERY_COLOUR, download_file, figure_png, head_label, head_pa
 from .query import current_query, set_query
 
 MAX_TICKS = 16  # patch-row ticks on each axis; more would overlap at 518 px (37 rows)
+FIGURE_PX = 700  # about how many pixels the matrix spans in the figure
 
 
-def _ticks(cap) -> tuple[list[int], list[str]]:
-    """Tick positions and labels: every prefix token, then the first patch of every k-th patch row."""
+def _ticks(cap) -> tuple[list[float], list[str], list[float]]:
+    """Tick positions and labels (the prefix block, then the centre of every k-th patch row) and the
+    boundaries between patch rows. Labels closer than ~14 px to the prefix block are left out."""
     h, w = cap.grid
-    prefix = cap.num_prefix_tokens
+    prefix, n = cap.num_prefix_tokens, cap.num_tokens
+    first = t("analysis.cls_token") if prefix == 1 else t("analysis.matrix.prefix_tick", k=prefix - 1)
+    at, labels = [(prefix - 1) / 2], [first]
     step = max(1, -(-h // MAX_TICKS))
-    at = [*range(prefix), *(prefix + r * w for r in range(0, h, step))]
-    return at, [token_label(i, prefix, cap.grid, short=True) for i in at]
+    for r in range(0, h, step):
+        centre = prefix + r * w + (w - 1) / 2
+        if (centre - at[0]) * FIGURE_PX / n >= 14:
+            at.append(centre)
+            labels.append(t("analysis.matrix.row_tick", r=r + 1))
+    return at, labels, [prefix + r * w - 0.5 for r in range(1, h)]
 
 
-def matrix_figure(cap, weights: np.ndarray, query: int, cmap: str, log: bool, title: str):
+def matrix_figure(cap, weights: np.ndarray, query: int, cmap: str, log: bool):
     """Heatmap of ``weights`` (N, N) with labelled axes, a colour bar and the ``query`` row framed."""
     from matplotlib.colors import LogNorm, Normalize
     from matplotlib.figure import Figure
@@ -38,20 +46,24 @@ def matrix_figure(cap, weights: np.ndarray, query: int, cmap: str, log: bool, ti
     fig = Figure(figsize=(8.4, 7.2))
     ax = fig.subplots()
     image = ax.imshow(np.maximum(weights, 1e-12) if log else weights, cmap=cmap, norm=norm, interpolation="nearest")
-    at, labels = _ticks(cap)
-    ax.set_xticks(at, labels, rotation=90, fontsize=7)
-    ax.set_yticks(at, labels, fontsize=7)
+    at, labels, rows = _ticks(cap)
+    ax.set_xticks(at, labels, rotation=90, fontsize=8)
+    ax.set_yticks(at, labels, fontsize=8)
+    ax.set_xticks(rows, minor=True)
+    ax.set_yticks(rows, minor=True)
+    ax.tick_params(which="minor", length=3)
+    ax.tick_params(which="major", length=0)
     ax.set_xlabel(t("analysis.matrix.cols"))
     ax.set_ylabel(t("analysis.matrix.rows"))
-    for edge in (prefix - 0.5,):  # prefix tokens | patches
-        ax.axhline(edge, color="white", lw=0.8)
-        ax.axvline(edge, color="white", lw=0.8)
+    ax.axhline(prefix - 0.5, color="white", lw=1.0)  # prefix tokens | patches
+    ax.axvline(prefix - 0.5, color="white", lw=1.0)
     colour = tuple(c / 255 for c in QUERY_COLOUR)
-    ax.add_patch(Rectangle((-0.5, query - 0.5), n, 1, fill=False, edgecolor=colour, lw=1.6))
-    ax.annotate("▶", (-0.5, query), xytext=(-6, 0), textcoords="offset points", color=colour,
-                ha="right", va="center", fontsize=10, annotation_clip=False)
-    ax.set_title(title, fontsize=11)
-    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+    pad = max(0.5, n / 250)  # frame the row with a little room so its own colours stay visible
+    for edge, lw in (("black", 3.2), (colour, 1.8)):
+        ax.add_patch(Rectangle((-0.5, query - 0.5 - pad), n, 1 + 2 * pad, fill=False, edgecolor=edge, lw=lw, clip_on=False))
+    ax.annotate("◀", (n - 0.5, query), xytext=(3, 0), textcoords="offset points", color="black",
+                ha="left", va="center", fontsize=12, annotation_clip=False)
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.05)
     bar.set_label(t("analysis.matrix.colorbar"))
     return fig
 
@@ -79,16 +91,10 @@ def show(ctx: Context) -> None:
     )
     log = scale.toggle(t("analysis.matrix.log"), value=True, key="matrix_log", help=t("analysis.matrix.log_help"))
     weights = cap.weights(ctx.layer, ctx.head)  # (N, N)
-    title = t("analysis.matrix.title", layer=ctx.layer + 1, head=head_label(ctx.head), n=n)
-    png = figure_png(matrix_figure(cap, weights, query, ctx.cmap, log, title))
+    png = figure_png(matrix_figure(cap, weights, query, ctx.cmap, log))
     st.image(png, caption=t("analysis.matrix.caption"))
     download_file(png, f"matrix_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_matrix")
 
-    st.markdown("**" + t("analysis.matrix.row_title", token=token_label(query, prefix, cap.grid)) + "**")
-    st.bar_chart(
-        {t("analysis.matrix.colorbar"): weights[query]}, x_label=t("analysis.matrix.cols"),
-        y_label=t("analysis.matrix.colorbar"), height=180,
-    )
     download_file(
         lambda: npz_bytes(cap), "attention_capture.npz", key="download_npz", mime="application/octet-stream",
         label=t("analysis.download_npz"), help=t("analysis.npz_help"),

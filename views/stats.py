@@ -24,7 +24,9 @@ def table(stats: HeadStats) -> pd.DataFrame:
     ])
 
 
-def panel(data: pd.DataFrame, field: str, axis_title: str, reference: float | None = None) -> alt.Chart:
+def panel(
+    data: pd.DataFrame, field: str, axis_title: str, reference: float | None = None, reference_label: str = ""
+) -> alt.Chart:
     """Dots per head over layers, and the mean of the heads as a black line."""
     x = alt.X("layer:Q", title=t("analysis.stats.layer_axis"), axis=alt.Axis(tickMinStep=1, format="d"),
               scale=alt.Scale(domain=[0.5, data["layer"].max() + 0.5], nice=False))
@@ -37,7 +39,7 @@ def panel(data: pd.DataFrame, field: str, axis_title: str, reference: float | No
     mean = alt.Chart(data).mark_line(color="black", strokeWidth=2).encode(x=x, y=f"mean({field}):Q")
     layers = [dots, mean]
     if reference is not None:
-        rule = pd.DataFrame([{"y": reference, "label": t("analysis.stats.uniform")}])
+        rule = pd.DataFrame([{"y": reference, "label": reference_label}])
         layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(y="y:Q"))
         layers.append(alt.Chart(rule).mark_text(align="left", dx=4, dy=-7, color="gray").encode(
             y="y:Q", x=alt.value(0), text="label:N"))
@@ -56,8 +58,9 @@ def export_figure(data: pd.DataFrame, stats: HeadStats, titles: dict[str, str], 
             ax.scatter(part["layer"], part[field], s=22, label=f"{words['head']} {head}")
         means = data.groupby("layer")[field].mean()
         ax.plot(means.index, means.values, color="black", lw=2, label=words["mean"])
-        if field == "entropy":
-            ax.axhline(stats.max_entropy, color="gray", ls="--", lw=1, label=words["uniform"])
+        if field in ("entropy", "distance"):
+            level = stats.max_entropy if field == "entropy" else stats.uniform_distance
+            ax.axhline(level, color="gray", ls="--", lw=1, label=words["uniform"])
         ax.set_title(titles[field], fontsize=10)
         ax.set_xlabel(words["layer"])
         ax.set_ylabel(axes[field], fontsize=9)
@@ -72,14 +75,14 @@ def show(ctx: Context) -> None:
     data = table(stats)
     st.subheader(t("analysis.stats.title"))
     st.markdown(t("analysis.stats.explain"))
-    titles = {f: t(f"analysis.stats.{f}_title") for f in PANELS}
+    titles = {f: t(f"analysis.stats.{f}_title", size=ctx.model.size) for f in PANELS}
     axes = {
-        "distance": t("analysis.stats.distance_axis", size=ctx.model.size),
+        "distance": t("analysis.stats.distance_axis"),
         "entropy": t("analysis.stats.entropy_axis"),
         "prefix": t("analysis.stats.prefix_axis"),
     }
     helps = {
-        "distance": t("analysis.stats.distance_help", patch=stats.patch_px),
+        "distance": t("analysis.stats.distance_help", patch=stats.patch_px, uniform=stats.uniform_distance),
         "entropy": t("analysis.stats.entropy_help", max=stats.max_entropy, n=stats.num_tokens),
         "prefix": t("analysis.stats.prefix_help"),
     }
@@ -87,8 +90,9 @@ def show(ctx: Context) -> None:
     for column, field in ((left, "distance"), (right, "entropy"), (left, "prefix")):
         with column:
             st.markdown(f"**{titles[field]}**")
-            reference = stats.max_entropy if field == "entropy" else None
-            st.altair_chart(panel(data, field, axes[field], reference), width="stretch")
+            reference = {"entropy": stats.max_entropy, "distance": stats.uniform_distance}.get(field)
+            chart = panel(data, field, axes[field], reference, t("analysis.stats.uniform"))
+            st.altair_chart(chart, width="stretch")
             st.caption(helps[field])
     with right:
         words = {w: t(f"analysis.stats.{k}") for w, k in

@@ -1,0 +1,243 @@
+"""The analysis views through AppTest (numbers on the page checked against the core), and the
+clickable pictures in a real browser."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import attnviz
+from attnviz.images import open_image
+from attnviz.masks import mass_mask
+from attnviz.rollout import rollout_map
+from conftest import ASSETS, ROOT
+
+ANALYSIS_VIEWS = ("query", "matrix", "heads", "rollout", "mask", "stats", "relevance")
+
+
+@pytest.fixture(scope="module")
+def app():
+    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()
+
+
+@pytest.fixture(scope="module")
+def page_capture(real_model):
+    """The capture the page makes of the default sample (cat.jpg, centre crop)."""
+    image = open_image((ASSETS / "cat.jpg").read_bytes(), "cat.jpg").image
+    return attnviz.capture(real_model, image)
+
+
+def choose(at, view: str):
+    at.selectbox(key="view").set_value(view).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def scales(at) -> list[tuple[float, float]]:
+    """(dark, bright) of every colour-scale caption on the page, top to bottom."""
+    return [scale_numbers(c.value) for c in at.caption if c.value.startswith("Colour scale")]
+
+
+def scale_numbers(text: str) -> tuple[float, float]:
+    """(dark, bright) from a colour-scale caption."""
+    parts = text.split("=")
+    return float(parts[1].split(",")[0].split("(")[0]), float(parts[2].split("(")[0].strip().rstrip(","))
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_every_view_draws_without_running_the_model(lang, real_model, monkeypatch):
+    calls = []
+    for view in ANALYSIS_VIEWS:
+        at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+        # Chosen before the run: AppTest cannot re-run a page whose radio labels follow the session's language.
+        at.session_state["lang"] = lang
+        at.session_state["view"] = view
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.get("download_button") or view == "relevance"
+        if not calls:  # from here on the model and capture come from the cache
+            original = attnviz.capture
+            monkeypatch.setattr(attnviz, "capture", lambda *a, **k: calls.append(1) or original(*a, **k))
+            calls.append(0)
+    assert calls == [0]
+
+
+def test_query_view_any_token(app, page_capture):
+    choose(app, "query")
+    assert app.subheader[0].value == "Layer 12, mean of all heads: where does class token [CLS] look?"
+    own = page_capture.row(11, "mean", 0)[0]
+    assert f"**{own:.4f}**" in app.markdown[-1].value
+    (lo, hi), = scales(app)
+    grid = page_capture.cls_map(11, "mean")
+    assert (lo, hi) == (round(float(grid.min()), 4), round(float(grid.max()), 4))
+
+
+def test_matrix_row_choice_is_the_query_of_the_query_view(app, page_capture):
+    choose(app, "matrix")
+    assert app.subheader[0].value == "Layer 12, mean of all heads: the full 197 × 197 attention matrix"
+    app.selectbox(key="matrix_query").set_value(50).run()  # token 50 = patch 49 = row 4, column 8
+    choose(app, "query")
+    assert app.subheader[0].value == "Layer 12, mean of all heads: where does patch (row 4, column 8) look?"
+    assert f"**{page_capture.row(11, 'mean', 50)[50]:.4f}**" in app.markdown[-1].value
+    app.selectbox(key="query_token").set_value(0).run()
+    assert "class token [CLS]" in app.subheader[0].value
+
+
+def test_matrix_npz_holds_the_whole_capture(page_capture):
+    import io
+
+    from views.matrix import npz_bytes
+
+    arrays = np.load(io.BytesIO(npz_bytes(page_capture)))
+    assert arrays["attention"].shape == (12, 6, 197, 197)
+    np.testing.assert_allclose(arrays["attention"][4, 2], page_capture.weights(4, 2), atol=0)
+    assert tuple(arrays["grid"]) == (14, 14) and int(arrays["num_prefix_tokens"]) == 1
+
+
+def test_rollout_view_numbers(app, page_capture):
+    choose(app, "rollout")
+    app.slider(key="rollout_layers").set_value((3, 10)).run()
+    app.selectbox(key="rollout_fusion").set_value("max").run()
+    assert app.subheader[0].value == "Attention rollout: layers 3–10, max over heads"
+    (raw_lo, raw_hi), (lo, hi) = scales(app)
+    expected = rollout_map(page_capture, 2, 9, "max")
+    assert (lo, hi) == (round(float(expected.min()), 4), round(float(expected.max()), 4))
+    raw = page_capture.cls_map(9, "max")
+    assert (raw_lo, raw_hi) == (round(float(raw.min()), 4), round(float(raw.max()), 4))
+
+
+def test_mask_view_counts(app, page_capture):
+    choose(app, "mask")
+    mask = mass_mask(page_capture.cls_map(11, "mean"), 0.6)
+    assert app.markdown[-1].value.startswith(f"{mask.count} of 196 patches")
+    app.slider(key="mask_mass").set_value(90).run()
+    mask = mass_mask(page_capture.cls_map(11, "mean"), 0.9)
+    assert app.markdown[-1].value.startswith(f"{mask.count} of 196 patches")
+    app.radio(key="mask_source").set_value("heads").run()
+    head3 = mass_mask(page_capture.cls_map(11, 2), 0.9).count
+    assert not app.exception
+    assert f"Head 3: {head3} patches" in [img.proto.imgs[0].caption for img in app.get("image")]
+
+
+def test_stats_view_reference_lines(app):
+    choose(app, "stats")
+    captions = " ".join(c.value for c in app.caption)
+    assert f"ln N = {math.log(197):.2f}" in captions and "197 tokens" in captions
+    assert "One patch is 14 px wide" in captions
+
+
+def test_relevance_view_is_disabled_without_a_classifier(app):
+    choose(app, "relevance")
+    assert app.selectbox(key="relevance_class_disabled").disabled
+    assert "no classifier head" in app.info[-1].value
+
+
+def relevance_script():
+    import sys
+
+    import streamlit as st
+
+    sys.path[:0] = [st.session_state["root"], st.session_state["root"] + "/tests"]
+    import attnviz
+    import views
+    from conftest import tiny_vit
+    from PIL import Image
+
+    model = tiny_vit(num_classes=10)
+    image = Image.open(st.session_state["root"] + "/assets/cat.jpg")
+    cap = attnviz.capture(model, image)
+    views.relevance.show(views.Context(
+        model=model, cap=cap, view=model.view(image), layer=1, head="mean", alpha=0.6, cmap="inferno",
+        smooth=False, fit="crop",
+    ))
+
+
+def test_relevance_view_on_a_classifier(cat):
+    from conftest import tiny_vit
+    from attnviz.relevance import relevance_map
+
+    at = AppTest.from_function(relevance_script, default_timeout=60)
+    at.session_state["root"] = str(ROOT)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    model = tiny_vit(num_classes=10)
+    cap = attnviz.capture(model, cat)
+    probs = cap.output.softmax(-1)
+    order = probs.argsort(descending=True).tolist()
+    assert len(at.radio[0].options) == 5
+    for choice in (0, 3):
+        j = order[choice]
+        at.radio[0].set_value((j, model.labels[j], float(probs[j]))).run()
+        grid = relevance_map(model, cap, order[choice])
+        (lo, hi), = scales(at)
+        assert (lo, hi) == (round(float(grid.min()), 4), round(float(grid.max()), 4))
+        assert at.subheader[0].value == f"Class-specific map for “{model.labels[order[choice]]}”"
+
+
+def heads_script():
+    import sys
+
+    import streamlit as st
+
+    sys.path.insert(0, st.session_state["root"])
+    from views.heads import apply_cell
+
+    apply_cell({"selection": {"cell": [{"layer": st.session_state["pick_layer"], "head": st.session_state["pick_head"]}]}})
+    apply_cell({"selection": {"cell": []}})  # a click on nothing changes nothing
+    st.text(repr((st.session_state["layer"], st.session_state["head"])))
+
+
+@pytest.mark.parametrize("head, expected", [("2", 2), ("mean", "mean")])
+def test_choosing_a_cell_sets_layer_and_head(head, expected):
+    at = AppTest.from_function(heads_script)
+    at.session_state["root"] = str(ROOT)
+    at.session_state["pick_layer"] = 7
+    at.session_state["pick_head"] = head
+    at.run()
+    assert at.text[0].value == repr((7, expected))
+
+
+@pytest.mark.browser
+def test_clicking_a_patch_and_a_cell_in_a_real_browser():
+    import time
+
+    from serve import chromium, chromium_path, streamlit_server
+
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed")
+    port = int(os.environ.get("ATTNVIZ_TEST_PORT", "0")) or None
+    with streamlit_server(port=port) as (url, _proc), chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 2000})
+        page.goto(url)
+        page.wait_for_selector("text=What was computed", timeout=120_000)
+
+        def choose_view(label: str) -> None:
+            page.locator("[data-testid='stSelectbox']").filter(has_text="View").click()
+            page.get_by_role("option", name=label).click()
+
+        choose_view("Any query token → patches")
+        page.get_by_text("where does class token [CLS] look?").wait_for(timeout=60_000)
+        box = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
+        page.mouse.click(box["x"] + box["width"] * 10.5 / 14, box["y"] + box["height"] * 3.5 / 14)
+        page.get_by_text("where does patch (row 4, column 11) look?").wait_for(timeout=60_000)
+
+        choose_view("All layers and heads at a glance")
+        page.get_by_text("All 12 layers × 6 heads at a glance").wait_for(timeout=60_000)
+        time.sleep(2)  # let Vega lay the grid out
+        chart = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
+        # 12 rows × 7 columns (6 heads + mean) of STEP px; the plot ends at the chart's right and bottom edges
+        from views.heads import CELL_PX
+
+        step = CELL_PX + 8
+        right, bottom = chart["x"] + chart["width"], chart["y"] + chart["height"]
+        page.mouse.click(right - step * (7 - 1 - 0.5), bottom - step * (12 - 2 - 0.5))  # layer 3, head 2
+        layer = page.locator("[data-testid='stSlider']").filter(has_text="Layer").locator("[data-testid='stSliderThumbValue']")
+        deadline = time.monotonic() + 60
+        while layer.inner_text().strip() != "3" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert layer.inner_text().strip() == "3"
+        head = page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input")
+        assert head.input_value() == "2"
