@@ -91,7 +91,7 @@ def show(ctx: Context) -> None:
         with column:
             st.markdown(f"**{titles[field]}**")
             reference = {"entropy": stats.max_entropy, "distance": stats.uniform_distance}.get(field)
-            chart = panel(data, field, axes[field], reference, t("analysis.stats.uniform"))
+            chart = panel(data, field, axes[field], reference, t(f"analysis.stats.uniform_{field}") if reference else "")
             st.altair_chart(chart, width="stretch")
             st.caption(helps[field])
     with right:
