@@ -20,24 +20,8 @@ smooth = st.sidebar.toggle(t("view.smooth"), value=False, key="smooth", help=t("
 st.title(t("app.title"))
 st.caption(t("app.subtitle"))
 
-model, model_error = ui.load(settings)
-if model_error:
-    st.warning(t("model.fallback", reason=model_error))
-
-picked = ui.image_input()
-if picked is None:
-    st.info(t("input.waiting"))
-    st.stop()
-data, filename = picked
-checked = ui.checked_image(data, filename)
-if isinstance(checked, str):
-    st.error(checked)
-    st.stop()
-for note in checked.notes:
-    st.info(t("input.note", note=note))
-
-with st.spinner(t("capture.running")):
-    cap = ui.cached_capture((*settings.key, model.size), ui.digest(data), settings.fit, _model=model, _image=checked)
+model = ui.model_or_stop(settings)
+checked, cap, _ = ui.capture_or_stop(model, settings)
 
 layer_col, head_col, view_col = st.columns([3, 2, 2])
 layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, cap.num_layers, key="layer")

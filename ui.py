@@ -6,6 +6,7 @@ all browser sessions and are never mutated.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import streamlit as st
 
 import attnviz
 from attnviz import i18n
+from attnviz.errors import ModelError
 from attnviz.images import CheckedImage, ImageError, open_image
 
 ASSETS = Path(__file__).with_name("assets")
@@ -47,13 +49,30 @@ def cached_capture(
     return attnviz.capture(_model, _image.image, fit=fit)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def checked_image(data: bytes, name: str) -> CheckedImage | str:
-    """The decoded image, or the one-sentence reason it cannot be used (never raises)."""
+MAX_SIDE = 2048  # decoded photos are kept at most this large: ≤ 12.6 MB per cached entry
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def checked_image(data: bytes, name: str) -> CheckedImage | ImageError:
+    """The decoded image, or the reason it cannot be used (never raises). Both are immutable."""
     try:
-        return open_image(data, name)
+        return open_image(data, name, max_side=MAX_SIDE)
     except ImageError as e:
-        return str(e)
+        return e
+
+
+def escape_markdown(text: str) -> str:
+    """File names are shown inside Markdown messages: keep ``**x**[a](b).png`` literal."""
+    return re.sub(r"([\\`*_{}\[\]()#+!<>|~-])", r"\\\1", text)
+
+
+def image_message(error: ImageError) -> str:
+    values = {k: escape_markdown(v) if isinstance(v, str) else v for k, v in error.values.items()}
+    return t(f"images.{error.key}", **{**values, "formats": t("images.formats")})
+
+
+def image_notes(checked: CheckedImage) -> list[str]:
+    return [t(f"images.note_{key}", **values) for key, values in checked.note_keys]
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,8 @@ def load(settings: Settings) -> tuple[attnviz.Model, str | None]:
             return cached_model(*settings.key), None
         except attnviz.ModelError as e:
             fallback = Settings(None, None, None, settings.device, settings.fit)
+            if fallback.key == settings.key:
+                raise  # the default itself failed: nothing to fall back to
             return cached_model(*fallback.key), str(e)
 
 
@@ -125,3 +146,40 @@ def image_input() -> tuple[bytes, str] | None:
 
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def model_or_stop(settings: Settings) -> attnviz.Model:
+    """The chosen model (or the default, with a warning saying why); a one-line error if none loads."""
+    try:
+        model, model_error = load(settings)
+    except ModelError as e:  # the offline default itself is missing or damaged
+        st.error(str(e))
+        st.stop()
+    if model_error:
+        st.warning(t("model.fallback", reason=model_error))
+    return model
+
+
+def capture_or_stop(
+    model: attnviz.Model, settings: Settings, place=None
+) -> tuple[CheckedImage, attnviz.Capture, tuple]:
+    """Photo input (drawn in ``place``), checks and the cached capture; a message and a stop otherwise.
+
+    Also returns the capture's cache key (model, size, photo digest, fit) for caches built on it.
+    """
+    with place if place is not None else st.container():
+        picked = image_input()
+    if picked is None:
+        st.info(t("input.waiting"))
+        st.stop()
+    data, filename = picked
+    checked = checked_image(data, filename)
+    if isinstance(checked, ImageError):
+        st.error(image_message(checked))
+        st.stop()
+    for note in image_notes(checked):
+        st.info(t("input.note", note=note))
+    key = ((*settings.key, model.size), digest(data), settings.fit)
+    with st.spinner(t("capture.running")):
+        cap = cached_capture(*key, _model=model, _image=checked)
+    return checked, cap, key

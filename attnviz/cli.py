@@ -59,7 +59,7 @@ def export(args: argparse.Namespace) -> int:
         used.add(stem)
         try:
             if not path.is_file():
-                raise ImageError(f"{name} does not exist.")
+                raise ImageError(f"{name} is not a file." if path.exists() else f"{name} does not exist.")
             export_one(model, path, out, stem, args.rollout)
         except ImageError as e:
             tqdm.write(f"error: {e}", file=sys.stderr)

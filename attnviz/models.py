@@ -21,6 +21,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from . import offline
+from .errors import ModelError
 
 DEFAULT_SIZE = 196
 HUB_MODELS = (
@@ -31,10 +32,6 @@ HUB_MODELS = (
 )
 HUB_TIMEOUT_S = 3.0
 Fit = Literal["crop", "squash"]
-
-
-class ModelError(RuntimeError):
-    """A model could not be loaded; the message is one sentence a person can act on."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,6 +85,9 @@ class Model:
     def view(self, image: Image.Image, fit: Fit = "crop") -> Image.Image:
         """The S × S RGB picture the model sees: timm's resize + centre crop, or the whole photo squashed."""
         cfg = self.data_config
+        w, h = image.size
+        if max(w, h) > 100 * min(w, h):  # a 20000 × 1 sliver would resize to millions of pixels
+            raise ValueError(f"a {w} × {h} picture is too long and thin to show the model (over 100:1)")
         if fit == "squash":
             resize = T.Resize((self.size, self.size), interpolation=T.InterpolationMode.BICUBIC)
             return resize(image.convert("RGB"))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ModelError
+
 ARCH = "vit_small_patch14_dinov2"
 ONNX_SHA256 = "198644e37de36674974f453a9aebfc0120b168b9414cce18d4dceb576fbdf355"
 PATCH = 14
@@ -26,7 +28,7 @@ PROVENANCE = (
 )
 
 
-class WeightsError(RuntimeError):
+class WeightsError(ModelError):
     """The offline weights are missing or not the file we expect."""
 
 

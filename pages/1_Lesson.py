@@ -412,27 +412,9 @@ settings = ui.model_settings()
 st.title(t("lesson.title"))
 st.caption(t("lesson.subtitle"))
 
-model, model_error = ui.load(settings)
-if model_error:
-    st.warning(t("model.fallback", reason=model_error))
-
+model = ui.model_or_stop(settings)
 photo_col, choice_col = st.columns([1, 3])
-with choice_col:
-    picked = ui.image_input()
-if picked is None:
-    st.info(t("input.waiting"))
-    st.stop()
-data, filename = picked
-checked = ui.checked_image(data, filename)
-if isinstance(checked, str):
-    st.error(checked)
-    st.stop()
-for note in checked.notes:
-    st.info(t("input.note", note=note))
-
-with st.spinner(t("capture.running")):
-    cap_key = ((*settings.key, model.size), ui.digest(data), settings.fit)
-    cap = ui.cached_capture(*cap_key, _model=model, _image=checked)
+checked, cap, cap_key = ui.capture_or_stop(model, settings, place=choice_col)
 view = model.view(checked.image, settings.fit)
 photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]))
 with choice_col:

@@ -195,8 +195,6 @@ def test_caches_have_entry_bounds():
         assert cached._info.max_entries is not None and cached._info.max_entries <= 32, cached.__name__
 
 
-@pytest.mark.xfail(reason="ui.checked_image keeps full-size pictures (up to 150 MB each): see the issue 6 report",
-                   strict=False)
 def test_decoded_image_cache_is_bounded_in_bytes():
     sys.path.insert(0, str(ROOT))
     import ui
