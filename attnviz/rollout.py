@@ -38,8 +38,12 @@ def layer_flow(weights: torch.Tensor, head: Head = "mean", discard: float = 0.0,
     if k:
         ranked = a.clone()
         ranked[:, 0] = torch.inf  # the CLS column is never discarded
-        lowest = ranked.flatten().topk(k, largest=False).indices
-        a.view(-1)[lowest] = 0.0
+        flat = ranked.flatten()
+        cut = flat.kthvalue(k).values  # the k-th smallest weight: O(N²), no sort
+        drop = flat < cut
+        ties = (flat == cut).nonzero()[: k - int(drop.sum()), 0]  # equal weights: first in raster order
+        drop[ties] = True
+        a.view(-1)[drop] = 0.0
     eye = torch.eye(n, dtype=a.dtype, device=a.device)
     a = (1.0 - residual) * a + residual * eye
     return a / a.sum(dim=-1, keepdim=True)  # (N, N): every row sums to 1

@@ -97,3 +97,13 @@ def test_registers_are_left_out_of_the_grid(cat):
     cap = attnviz.capture(tiny_vit(reg_tokens=2), cat)
     expected = numpy_rollout(cap.all_weights())
     np.testing.assert_allclose(cls_rollout_grid(cap), expected[0, 3:].reshape(4, 4), atol=1e-5)
+
+
+def test_discard_counts_exactly_and_breaks_ties_in_raster_order():
+    a = torch.full((1, 3, 3), 1 / 3, dtype=torch.float64)
+    flow = layer_flow(a, "mean", discard=2 / 9 + 1e-9, residual=0.0)
+    # all weights tie: the first two outside the CLS column, (0, 1) and (0, 2), are dropped
+    np.testing.assert_allclose(flow, [[1, 0, 0], [1 / 3, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 1 / 3]], atol=1e-12)
+    big = torch.rand(2, 40, 40, dtype=torch.float64)
+    zeros = int((layer_flow(big, "mean", discard=0.5, residual=0.0) == 0).sum())
+    assert zeros == 800  # exactly half of the 1600 weights
