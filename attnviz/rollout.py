@@ -26,7 +26,9 @@ from .capture import Capture, Head, fuse_heads, patch_grid
 RESIDUAL = 0.5
 
 
-def layer_flow(weights: torch.Tensor, head: Head = "mean", discard: float = 0.0, residual: float = RESIDUAL) -> torch.Tensor:
+def layer_flow(
+    weights: torch.Tensor, head: Head = "mean", discard: float = 0.0, residual: float = RESIDUAL
+) -> torch.Tensor:
     """One layer's (H, N, N) weights → the row-stochastic (N, N) matrix A' that rollout multiplies."""
     if not 0.0 <= discard < 1.0:
         raise ValueError(f"discard ratio must be in [0, 1), not {discard}")

@@ -50,7 +50,8 @@ def numpy_stats(weights: np.ndarray, grid, prefix: int, patch_px: float):
             for i in range(prefix, N):
                 row = a[i, prefix:] / a[i, prefix:].sum()
                 yi, xi = centre(i)
-                total += sum(row[j - prefix] * math.hypot(yi - centre(j)[0], xi - centre(j)[1]) for j in range(prefix, N))
+                for j in range(prefix, N):
+                    total += row[j - prefix] * math.hypot(yi - centre(j)[0], xi - centre(j)[1])
             dist[l, k] = total / (N - prefix)
     return ent, dist, share
 

@@ -185,7 +185,8 @@ def heads_script():
     sys.path.insert(0, st.session_state["root"])
     from views.heads import apply_cell
 
-    apply_cell({"selection": {"cell": [{"layer": st.session_state["pick_layer"], "head": st.session_state["pick_head"]}]}})
+    cell = {"layer": st.session_state["pick_layer"], "head": st.session_state["pick_head"]}
+    apply_cell({"selection": {"cell": [cell]}})
     apply_cell({"selection": {"cell": []}})  # a click on nothing changes nothing
     st.text(repr((st.session_state["layer"], st.session_state["head"])))
 
@@ -234,7 +235,8 @@ def test_clicking_a_patch_and_a_cell_in_a_real_browser():
         step = CELL_PX + 8
         right, bottom = chart["x"] + chart["width"], chart["y"] + chart["height"]
         page.mouse.click(right - step * (7 - 1 - 0.5), bottom - step * (12 - 2 - 0.5))  # layer 3, head 2
-        layer = page.locator("[data-testid='stSlider']").filter(has_text="Layer").locator("[data-testid='stSliderThumbValue']")
+        slider = page.locator("[data-testid='stSlider']").filter(has_text="Layer")
+        layer = slider.locator("[data-testid='stSliderThumbValue']")
         deadline = time.monotonic() + 60
         while layer.inner_text().strip() != "3" and time.monotonic() < deadline:
             time.sleep(0.5)

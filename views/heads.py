@@ -68,7 +68,8 @@ def show(ctx: Context) -> None:
     st.caption(t("analysis.heads.caption"))
     maps = cls_maps(cap)  # (L, H + 1, h, w)
     small = ctx.view.resize((CELL_PX, CELL_PX), Image.Resampling.BICUBIC)
-    tiles = [[render.overlay(small, maps[l, c], alpha=max(ctx.alpha, 0.75), cmap=ctx.cmap) for c in range(num_heads + 1)]
+    alpha = max(ctx.alpha, 0.75)  # small pictures: let the map dominate
+    tiles = [[render.overlay(small, maps[l, c], alpha=alpha, cmap=ctx.cmap) for c in range(num_heads + 1)]
              for l in range(num_layers)]
     names = [*(str(k + 1) for k in range(num_heads)), MEAN]
     chosen_head = MEAN if ctx.head == MEAN else (str(ctx.head + 1) if isinstance(ctx.head, int) else None)
@@ -77,8 +78,10 @@ def show(ctx: Context) -> None:
          "chosen": (l == ctx.layer and names[c] == chosen_head)}
         for l in range(num_layers) for c in range(num_heads + 1)
     ])
+    mean_word = t("analysis.heads.mean").replace("'", "")
+    label = f"datum.value == 'mean' ? '{mean_word}' : datum.value"
     x = alt.X("head:N", sort=names, title=t("analysis.heads.head"),
-              axis=alt.Axis(orient="top", labelAngle=0, labelExpr=f"datum.value == 'mean' ? '{t('analysis.heads.mean')}' : datum.value"),
+              axis=alt.Axis(orient="top", labelAngle=0, labelExpr=label),
               scale=alt.Scale(paddingInner=0.08, paddingOuter=0.02))
     y = alt.Y("layer:O", title=t("analysis.heads.layer"), scale=alt.Scale(paddingInner=0.08, paddingOuter=0.02))
     pick = alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False)
@@ -86,7 +89,8 @@ def show(ctx: Context) -> None:
     images = base.mark_image(width=CELL_PX, height=CELL_PX).encode(url="url:N")
     frames = base.mark_rect(fill="white", fillOpacity=0.01, strokeWidth=3).encode(
         stroke=alt.condition("datum.chosen", alt.value("#00ffff"), alt.value("transparent")),
-        tooltip=[alt.Tooltip("layer:O", title=t("analysis.heads.layer")), alt.Tooltip("head:N", title=t("analysis.heads.head"))],
+        tooltip=[alt.Tooltip("layer:O", title=t("analysis.heads.layer")),
+                 alt.Tooltip("head:N", title=t("analysis.heads.head"))],
     ).add_params(pick)
     step = CELL_PX + 8
     chart = alt.layer(images, frames).properties(

@@ -60,7 +60,8 @@ def matrix_figure(cap, weights: np.ndarray, query: int, cmap: str, log: bool):
     colour = tuple(c / 255 for c in QUERY_COLOUR)
     pad = max(0.5, n / 250)  # frame the row with a little room so its own colours stay visible
     for edge, lw in (("black", 3.2), (colour, 1.8)):
-        ax.add_patch(Rectangle((-0.5, query - 0.5 - pad), n, 1 + 2 * pad, fill=False, edgecolor=edge, lw=lw, clip_on=False))
+        frame = Rectangle((-0.5, query - 0.5 - pad), n, 1 + 2 * pad, fill=False, edgecolor=edge, lw=lw, clip_on=False)
+        ax.add_patch(frame)
     ax.annotate("◀", (n - 0.5, query), xytext=(3, 0), textcoords="offset points", color="black",
                 ha="left", va="center", fontsize=12, annotation_clip=False)
     bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.05)

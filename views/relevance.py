@@ -36,7 +36,8 @@ def show(ctx: Context) -> None:
     cap = ctx.cap
     try:
         with st.spinner(t("analysis.relevance.computing")):
-            grid_map = remember(f"relevance{index}", cap, (ctx.model.name,), lambda: relevance_map(ctx.model, cap, index))
+            compute = lambda: relevance_map(ctx.model, cap, index)  # noqa: E731
+            grid_map = remember(f"relevance{index}", cap, (ctx.model.name,), compute)
     except RelevanceError as e:
         st.info(t("analysis.relevance.disabled", reason=str(e)))
         return

@@ -31,8 +31,8 @@ def show(ctx: Context) -> None:
         t("analysis.fusion"), HEAD_FUSIONS, key="rollout_fusion", format_func=lambda h: t(f"view.head_{h}")
     )
     discard = c3.slider(
-        t("analysis.rollout.discard"), 0.0, 0.95, 0.0, 0.05, key="rollout_discard", help=t("analysis.rollout.discard_help"),
-        format="%.2f",
+        t("analysis.rollout.discard"), 0.0, 0.95, 0.0, 0.05, key="rollout_discard",
+        help=t("analysis.rollout.discard_help"), format="%.2f",
     )
     args = (first, last, fusion, discard)
     rolled = remember("rollout", cap, args, lambda: rollout_map(cap, first - 1, last - 1, fusion, discard))  # (h, w)
@@ -53,4 +53,5 @@ def show(ctx: Context) -> None:
             st.markdown(f"**{title}**")
             st.image(picture, caption=caption)
             colour_scale(np.asarray(grid_map), ctx.cmap, picture.width, units)
-    download_file(png_bytes(side_by_side(*pictures)), f"rollout_layers{first}-{last}_{fusion}.png", key="download_rollout")
+    name = f"rollout_layers{first}-{last}_{fusion}.png"
+    download_file(png_bytes(side_by_side(*pictures)), name, key="download_rollout")

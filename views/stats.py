@@ -46,7 +46,9 @@ def panel(
     return alt.layer(*layers).properties(height=260)
 
 
-def export_figure(data: pd.DataFrame, stats: HeadStats, titles: dict[str, str], axes: dict[str, str], words: dict[str, str]):
+def export_figure(
+    data: pd.DataFrame, stats: HeadStats, titles: dict[str, str], axes: dict[str, str], words: dict[str, str]
+):
     """The three panels as one matplotlib figure. Runs when the download is clicked, outside the
     script run, so every word is passed in already translated."""
     from matplotlib.figure import Figure
@@ -91,12 +93,14 @@ def show(ctx: Context) -> None:
         with column:
             st.markdown(f"**{titles[field]}**")
             reference = {"entropy": stats.max_entropy, "distance": stats.uniform_distance}.get(field)
-            chart = panel(data, field, axes[field], reference, t(f"analysis.stats.uniform_{field}") if reference else "")
+            label = t(f"analysis.stats.uniform_{field}") if reference else ""
+            chart = panel(data, field, axes[field], reference, label)
             st.altair_chart(chart, width="stretch")
             st.caption(helps[field])
     with right:
         words = {w: t(f"analysis.stats.{k}") for w, k in
                  (("head", "head_legend"), ("mean", "mean_legend"), ("uniform", "uniform"), ("layer", "layer_axis"))}
         download_file(
-            lambda: figure_png(export_figure(data, stats, titles, axes, words)), "head_statistics.png", key="download_stats"
+            lambda: figure_png(export_figure(data, stats, titles, axes, words)), "head_statistics.png",
+            key="download_stats",
         )
