@@ -25,12 +25,22 @@ CAPTURE_CACHE_ENTRIES = 12  # ≤ 12 × 54 MB at 518 px; ≤ 12 × 8 MB at 196 p
 
 def t(key: str, **values: object) -> str:
     """Translate ``key`` into the language this browser session chose."""
-    return i18n.text(st.session_state.get("lang", i18n.DEFAULT), key, **values)
+    return i18n.text(st.session_state.get("lang") or i18n.DEFAULT, key, **values)
+
+
+SHARED_KEYS = ("lang", "model_choice", "ckpt_arch", "ckpt_path", "size", "fit", "device", "source", "sample")
 
 
 def language_picker() -> None:
-    # Re-assigning keeps the choice when the user moves between pages.
-    st.session_state["lang"] = st.session_state.get("lang", i18n.DEFAULT)
+    """Sidebar: the two pages (named in the chosen language) and the language switch."""
+    # Streamlit forgets a widget's value when a page without it runs; re-assigning the values that
+    # every page shares keeps them when the user moves between pages.
+    st.session_state["lang"] = st.session_state.get("lang") or i18n.DEFAULT
+    for key in SHARED_KEYS:
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]
+    st.sidebar.page_link("app.py", label=t("nav.explore"), icon=":material/visibility:")
+    st.sidebar.page_link("pages/lesson.py", label=t("nav.lesson"), icon=":material/school:")
     st.sidebar.selectbox(
         "Language / 語言", list(i18n.LANGUAGES), format_func=i18n.LANGUAGES.get, key="lang"
     )
@@ -89,7 +99,7 @@ class Settings:
 
 
 def model_settings() -> Settings:
-    """Sidebar: model, input size, fit, device."""
+    """Sidebar: model, input size, fit, device — the same on every page."""
     side = st.sidebar
     side.header(t("model.header"))
     choices = ["default", *attnviz.HUB_MODELS, "checkpoint"]

@@ -8,7 +8,7 @@ from attnviz import i18n
 
 from conftest import ROOT
 
-PAGE = str(ROOT / "pages" / "1_Lesson.py")
+APP = str(ROOT / "app.py")
 
 
 def texts(at: AppTest) -> str:
@@ -19,9 +19,9 @@ def texts(at: AppTest) -> str:
 def open_page(lang: str) -> AppTest:
     # The language is chosen before the first run: AppTest cannot switch a radio whose labels were
     # translated in an earlier run.
-    at = AppTest.from_file(PAGE, default_timeout=300)
+    at = AppTest.from_file(APP, default_timeout=300)
     at.session_state["lang"] = lang
-    at.run()
+    at.switch_page("pages/lesson.py").run()
     return at
 
 
