@@ -85,7 +85,7 @@ def test_hostile_names_write_only_inside_out(tiny, tmp_path, monkeypatch, capsys
                      str(tmp_path / "missing.png"), str(nested), "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
-    assert err == [f"error: {tmp_path / 'missing.png'} does not exist.", f"error: {nested} does not exist."]
+    assert err == [f"error: {tmp_path / 'missing.png'} does not exist.", f"error: {nested} is not a file."]
     assert files_under(out) == {"image.npz", "image_overlay.png", "cat.npz", "cat_overlay.png",
                                 "cat_.npz", "cat__overlay.png"}  # two cats, neither overwritten
     assert files_under(tmp_path) - before == {"out", *(f"out/{f}" for f in files_under(out))}

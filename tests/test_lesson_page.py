@@ -95,7 +95,7 @@ def test_language_switch_after_running_the_test_in_a_real_browser():
     port = int(os.environ.get("ATTNVIZ_LESSON_PORT", "0")) or None
     with streamlit_server(port) as (url, _proc), chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 2000})
-        page.goto(url + "/Lesson")
+        page.goto(url + "/lesson")
         page.get_by_text(i18n.text("en", "lesson.title")).wait_for(timeout=120_000)
         page.get_by_role("tab").nth(6).click()
         page.get_by_role("button", name=i18n.text("en", "lesson.explain.run", layer=12)).click()
