@@ -23,10 +23,15 @@ st.caption(t("app.subtitle"))
 model = ui.model_or_stop(settings)
 checked, cap, _ = ui.capture_or_stop(model, settings)
 
+heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]
+if st.session_state.get("layer", 0) > cap.num_layers or st.session_state.get("head", "mean") not in heads:
+    # a kept choice from a bigger model: start this one at its last layer, mean of heads
+    st.session_state.pop("layer", None)
+    st.session_state.pop("head", None)
 layer_col, head_col, view_col = st.columns([3, 2, 2])
 layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, cap.num_layers, key="layer")
 head = head_col.selectbox(
-    t("view.head"), [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)], key="head",
+    t("view.head"), heads, key="head",
     format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else str(h),
 )
 chosen = view_col.selectbox(t("views.choose"), list(views.VIEWS), format_func=lambda v: t(f"views.{v}"), key="view")

@@ -28,15 +28,19 @@ def t(key: str, **values: object) -> str:
     return i18n.text(st.session_state.get("lang") or i18n.DEFAULT, key, **values)
 
 
-SHARED_KEYS = ("lang", "model_choice", "ckpt_arch", "ckpt_path", "size", "fit", "device", "source", "sample")
+# Choices that must outlive a run in which their widget is not drawn: moving to the other page, or the
+# short run while a new upload arrives (the page stops early, and Streamlit would forget Layer and Head).
+KEPT_KEYS = (
+    "lang", "model_choice", "ckpt_arch", "ckpt_path", "size", "fit", "device", "source", "sample",
+    "layer", "head", "view", "alpha", "cmap", "smooth",
+)
 
 
 def language_picker() -> None:
     """Sidebar: the two pages (named in the chosen language) and the language switch."""
-    # Streamlit forgets a widget's value when a page without it runs; re-assigning the values that
-    # every page shares keeps them when the user moves between pages.
+    # Streamlit forgets a widget's value after a run that did not draw it; re-assigning keeps it.
     st.session_state["lang"] = st.session_state.get("lang") or i18n.DEFAULT
-    for key in SHARED_KEYS:
+    for key in KEPT_KEYS:
         if key in st.session_state:
             st.session_state[key] = st.session_state[key]
     st.sidebar.page_link("app.py", label=t("nav.explore"), icon=":material/visibility:")

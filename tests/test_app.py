@@ -67,3 +67,15 @@ def test_file_names_are_not_read_as_markdown_and_messages_are_translated(app):
     app.selectbox(key="lang").set_value("zh-TW").run()
     assert app.error[0].value.endswith("不是這個程式能讀取的圖片（請使用 JPEG、PNG、WebP、GIF、BMP 或 TIFF）。")
     assert not app.exception
+
+
+def test_layer_and_head_survive_a_run_that_stopped_early(app):
+    """A new upload first reruns with no file (the page stops early); Layer and Head must be kept."""
+    app.slider(key="layer").set_value(5).run()
+    app.selectbox(key="head").set_value(3).run()
+    app.radio(key="source").set_value("upload").run()  # no file yet: the page stops before the widgets
+    assert any(i.value == "Choose a sample, upload a photo or take one with the camera." for i in app.info)
+    app.file_uploader(key="upload").set_value(("cat.jpg", (ROOT / "assets" / "cat.jpg").read_bytes(), "image/jpeg"))
+    app.run()
+    assert app.slider(key="layer").value == 5 and app.selectbox(key="head").value == 3
+    assert app.subheader[0].value == "Layer 5, head 3: where the class token looks"
