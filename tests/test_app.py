@@ -70,7 +70,11 @@ def test_file_names_are_not_read_as_markdown_and_messages_are_translated(app):
 
 
 def test_layer_and_head_survive_a_run_that_stopped_early(app):
-    """A new upload first reruns with no file (the page stops early); Layer and Head must be kept."""
+    """A new upload first reruns with no file (the page stops early); Layer and Head must be kept.
+
+    AppTest keeps widget state on its own; tests/test_browser.py checks the same in a real browser,
+    where the bug showed.
+    """
     app.slider(key="layer").set_value(5).run()
     app.selectbox(key="head").set_value(3).run()
     app.radio(key="source").set_value("upload").run()  # no file yet: the page stops before the widgets

@@ -64,3 +64,9 @@ def test_upload_then_switch_layer_and_head(server):
         assert len({first, second, third}) == 3
         assert page.locator("[data-testid='stException']").count() == 0
         page.screenshot(path=SHOTS / "layer8_head3.png", full_page=True)
+
+        # A new upload keeps the chosen Layer and Head (Streamlit once forgot them on the way)
+        page.locator("input[type=file]").set_input_files(str(ASSETS / "rocket.jpg"))
+        wait_for_new_heatmap(page, third)
+        page.get_by_text("rocket.jpg").wait_for()
+        page.get_by_text("Layer 8, head 3: where the class token looks").wait_for()
