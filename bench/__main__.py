@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 
@@ -95,7 +94,6 @@ def capture_table(sizes: list[int], repeats: int, device: str) -> list[dict]:
         cap = attnviz.capture_tensor(model, x)
         all_maps = cap.num_layers * cap.num_heads * cap.num_tokens**2 * 4
         rows.append(dict(size=size, n=cap.num_tokens, times=t, held=cap.nbytes, all_maps=all_maps))
-        del eager, extract
     return rows
 
 

@@ -29,12 +29,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def streamlit_server(port: int | None = None, env: dict | None = None, timeout: float = 120):
-    """Run ``streamlit run app.py`` on 127.0.0.1; yield (url, process)."""
+def streamlit_server(
+    port: int | None = None, env: dict | None = None, timeout: float = 120, launcher: list[str] | None = None
+):
+    """Run ``streamlit run app.py`` on 127.0.0.1; yield (url, process).
+
+    ``launcher`` replaces ``python -m streamlit run`` (it is given app.py and the server options).
+    """
     port = port or free_port()
     log = open(os.devnull, "w")
+    launcher = launcher or [sys.executable, "-m", "streamlit", "run"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+        [*launcher, str(ROOT / "app.py"), "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
         cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
     )

@@ -12,13 +12,13 @@ import secrets
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 from PIL import PngImagePlugin
 
+from serve import streamlit_server
 from test_browser_load import HEATMAP, open_upload, require_chromium
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
@@ -51,33 +51,9 @@ runpy.run_module("streamlit", run_name="__main__")
 """
 
 
-@contextlib.contextmanager
 def probed_server(port: int, report: Path, tmpdir: Path):
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, str(report), str(ROOT / "app.py"), "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, env={**os.environ, "TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the Streamlit server did not start")
-            time.sleep(0.3)
-        yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """The real server, started through LAUNCHER so the test can ask it how many hooks are attached."""
+    return streamlit_server(port, env={"TMPDIR": str(tmpdir)}, launcher=[sys.executable, "-c", LAUNCHER, str(report)])
 
 
 def hooks_attached(proc: subprocess.Popen, report: Path) -> dict:

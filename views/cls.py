@@ -13,7 +13,7 @@ from .common import download_png, enlarge, head_label, heatmap
 
 
 def show(ctx: Context) -> None:
-    cap, model = ctx.cap, ctx.model
+    cap = ctx.cap
     cls_map = cap.cls_map(ctx.layer, ctx.head)  # (h, w)
     picture = enlarge(render.overlay(ctx.view, cls_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
     left, right = st.columns([3, 2], gap="large")
