@@ -67,10 +67,13 @@ MAX_SIDE = 2048  # decoded photos are kept at most this large: ≤ 12.6 MB per c
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def checked_image(data: bytes, name: str) -> CheckedImage | ImageError:
-    """The decoded image, or the reason it cannot be used (never raises). Both are immutable."""
+def checked_image(digest: str, name: str, _data: bytes) -> CheckedImage | ImageError:
+    """The decoded image, or the reason it cannot be used (never raises). Both are immutable.
+
+    Keyed by the bytes' ``digest`` (computed once per run), so Streamlit does not hash the upload again.
+    """
     try:
-        return open_image(data, name, max_side=MAX_SIDE)
+        return open_image(_data, name, max_side=MAX_SIDE)
     except ImageError as e:
         return e
 
@@ -187,13 +190,14 @@ def capture_or_stop(
         st.info(t("input.waiting"))
         st.stop()
     data, filename = picked
-    checked = checked_image(data, filename)
+    photo_digest = digest(data)
+    checked = checked_image(photo_digest, filename, _data=data)
     if isinstance(checked, ImageError):
         st.error(image_message(checked))
         st.stop()
     for note in image_notes(checked):
         st.info(t("input.note", note=note))
-    key = ((*settings.key, model.size), digest(data), settings.fit)
+    key = ((*settings.key, model.size), photo_digest, settings.fit)
     with st.spinner(t("capture.running")):
         cap = cached_capture(*key, _model=model, _image=checked)
     return checked, cap, key

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import matplotlib
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 COLORMAPS = ("inferno", "viridis", "magma", "jet", "gray")
 
@@ -49,3 +49,22 @@ def colorbar(cmap: str = "inferno", width: int = 256, height: int = 12) -> Image
     """A horizontal strip of the colormap, low on the left."""
     ramp = colorize(np.linspace(0.0, 1.0, width), cmap)  # (width, 3)
     return Image.fromarray(np.repeat(ramp[None], height, axis=0))
+
+
+def enlarge(picture: Image.Image, side: int = 448) -> Image.Image:
+    """Scale up by a whole factor until the longer side is ≥ ``side``: each model pixel a crisp block."""
+    scale = max(1, -(-side // max(picture.size)))
+    return picture.resize((picture.width * scale, picture.height * scale), resample=Image.Resampling.NEAREST)
+
+
+def outline(
+    picture: Image.Image, grid: tuple[int, int], cells: list[tuple[int, int, tuple]], width: int | None = None
+) -> Image.Image:
+    """A copy of ``picture`` with a coloured frame round each (row, col, colour) cell of the (h, w) grid."""
+    framed = picture.copy()
+    draw = ImageDraw.Draw(framed)
+    ch, cw = picture.height / grid[0], picture.width / grid[1]
+    width = width or max(2, round(min(ch, cw) / 8))
+    for row, col, colour in cells:
+        draw.rectangle((col * cw, row * ch, (col + 1) * cw - 1, (row + 1) * ch - 1), outline=colour, width=width)
+    return framed

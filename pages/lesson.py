@@ -23,27 +23,11 @@ DISPLAY_PX = 392
 
 # --- Small drawing helpers (pictures only; every number comes from attnviz.lesson) -------------
 
-def enlarged(picture: Image.Image, side: int = DISPLAY_PX) -> Image.Image:
-    scale = max(1, -(-side // max(picture.size)))
-    return picture.resize((picture.width * scale, picture.height * scale), Image.Resampling.NEAREST)
-
-
 def matrix_picture(matrix: np.ndarray, cell: int) -> Image.Image:
     """A matrix as coloured cells, ``cell`` pixels each (dark = small, bright = large)."""
     rgb = render.colorize(render.normalise(np.asarray(matrix, dtype=np.float32)), "viridis")
     picture = Image.fromarray(rgb)
     return picture.resize((picture.width * cell, picture.height * cell), Image.Resampling.NEAREST)
-
-
-def outline(picture: Image.Image, grid: tuple[int, int], cells: list[tuple[int, int, tuple]]) -> Image.Image:
-    """Draw a coloured frame around each (row, col) patch of the grid."""
-    framed = picture.copy()
-    draw = ImageDraw.Draw(framed)
-    ch, cw = picture.height / grid[0], picture.width / grid[1]
-    width = max(2, int(min(ch, cw) / 8))
-    for row, col, colour in cells:
-        draw.rectangle([col * cw, row * ch, (col + 1) * cw - 1, (row + 1) * ch - 1], outline=colour, width=width)
-    return framed
 
 
 def remembered_choice(widget, label: str, options: list, key: str, format_func, **kwargs):
@@ -263,9 +247,9 @@ def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: i
 
     left, right = st.columns(2, gap="large")
     marks = [(k_row, k_col, KEY_COLOUR)] + ([] if q_row is None else [(q_row, q_col, QUERY_COLOUR)])
-    left.image(outline(enlarged(view), cap.grid, marks), caption=t("lesson.pair.photo_caption"), width=DISPLAY_PX)
-    heat = enlarged(render.overlay(view, row_map, alpha=0.75, cmap=CMAP))
-    right.image(outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1),
+    left.image(render.outline(render.enlarge(view, DISPLAY_PX), cap.grid, marks), caption=t("lesson.pair.photo_caption"), width=DISPLAY_PX)
+    heat = render.enlarge(render.overlay(view, row_map, alpha=0.75, cmap=CMAP), DISPLAY_PX)
+    right.image(render.outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1),
                 width=DISPLAY_PX)
 
     st.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.query.shape[-1]}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
@@ -289,7 +273,7 @@ def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
             if head >= s_heads:
                 break
             cls_map = cap.cls_map(layer, head)
-            col.image(enlarged(render.overlay(view, cls_map, alpha=0.7, cmap=CMAP), 224),
+            col.image(render.enlarge(render.overlay(view, cls_map, alpha=0.7, cmap=CMAP), 224),
                       caption=t("lesson.heads.caption", n=head + 1, top=float(cls_map.max())))
     st.latex(
         r"\text{head}_i = \text{softmax}\!\left(\frac{Q_i K_i^\top}{\sqrt{d_k}}\right) V_i,\qquad"
@@ -396,7 +380,7 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
             (pics[0], result.order, order_attended), (pics[1], result.random_orders[0], t("lesson.explain.random_one"))
         ):
             x = lesson.remove_patches(cap.input, order[:last], cap.grid, model.patch, filled)
-            col.image(enlarged(lesson.to_picture(model, x), 224), caption=f"{caption} · {last}/{result.num_patches}")
+            col.image(render.enlarge(lesson.to_picture(model, x), 224), caption=f"{caption} · {last}/{result.num_patches}")
     st.info(t(f"lesson.explain.{result.verdict}", gap=result.gap, margin=result.margin,
               attended=float(result.attended[-1]), random=float(result.random_mean[-1]),
               percent=100 * result.fractions[-1]))

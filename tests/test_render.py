@@ -40,3 +40,12 @@ def test_overlay_blends_photo_and_heat():
 def test_colorbar_runs_low_to_high():
     bar = np.asarray(render.colorbar("gray", width=8, height=2))
     assert bar.shape == (2, 8, 3) and bar[0, 0, 0] == 0 and bar[0, -1, 0] == 255
+
+
+def test_enlarge_by_whole_factors_and_outline_a_cell():
+    small = Image.new("RGB", (14, 10), (10, 20, 30))
+    big = render.enlarge(small, side=40)
+    assert big.size == (42, 30) and big.getpixel((41, 29)) == (10, 20, 30)  # factor 3, nearest
+    framed = np.asarray(render.outline(Image.new("RGB", (8, 8)), (2, 2), [(1, 0, (255, 0, 0))], width=1))
+    assert framed[4, 0].tolist() == [255, 0, 0] and framed[7, 3].tolist() == [255, 0, 0]  # cell (1, 0) edges
+    assert framed[5, 2].tolist() == [0, 0, 0] and framed[0, 0].tolist() == [0, 0, 0]  # inside and other cells

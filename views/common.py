@@ -14,8 +14,7 @@ DISPLAY_PX = 448  # small inputs are shown at least this large, each model pixel
 
 
 def enlarge(picture: Image.Image) -> Image.Image:
-    scale = max(1, -(-DISPLAY_PX // picture.width))
-    return picture.resize((picture.width * scale, picture.height * scale), resample=Image.Resampling.NEAREST)
+    return render.enlarge(picture, DISPLAY_PX)
 
 
 def head_label(head) -> str:
@@ -30,9 +29,7 @@ def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str)
 
 
 def download_png(picture: Image.Image, file_name: str, key: str) -> None:
-    buffer = io.BytesIO()
-    picture.save(buffer, format="PNG")
-    st.download_button(t("view.download"), buffer.getvalue(), file_name=file_name, mime="image/png", key=key)
+    st.download_button(t("view.download"), png_bytes(picture), file_name=file_name, mime="image/png", key=key)
 
 
 # ---- Shared by the analysis views (rollout, query, matrix, heads, mask, stats, relevance) ----
@@ -101,17 +98,11 @@ def token_label(index: int, num_prefix_tokens: int, grid: tuple[int, int], short
 
 
 def mark_patch(picture: Image.Image, grid: tuple[int, int], patch: tuple[int, int]) -> Image.Image:
-    """``picture`` with a cyan frame around grid cell ``patch`` = (row, col), 0-based."""
-    from PIL import ImageDraw
-
-    framed = picture.copy()
-    ch, cw = picture.height / grid[0], picture.width / grid[1]
+    """``picture`` with a cyan frame (on a black one, visible on any colour) round grid cell ``patch``."""
     row, col = patch
-    width = max(2, round(min(ch, cw) / 8))
-    box = (col * cw, row * ch, (col + 1) * cw - 1, (row + 1) * ch - 1)
-    ImageDraw.Draw(framed).rectangle(box, outline=(0, 0, 0), width=width + 2)
-    ImageDraw.Draw(framed).rectangle(box, outline=QUERY_COLOUR, width=width)
-    return framed
+    width = max(2, round(min(picture.height / grid[0], picture.width / grid[1]) / 8))
+    framed = render.outline(picture, grid, [(row, col, (0, 0, 0))], width + 2)
+    return render.outline(framed, grid, [(row, col, QUERY_COLOUR)], width)
 
 
 def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str) -> None:
