@@ -1,10 +1,17 @@
 """The real page in a real browser: upload a photo, see the heatmap, switch layer and head."""
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
+import attnviz
+from attnviz import render
+from attnviz.images import open_image
 from conftest import ASSETS, ROOT
 from serve import chromium, chromium_path, streamlit_server
 
@@ -35,7 +42,7 @@ def wait_for_new_heatmap(page, old: str) -> str:
 
 
 @pytest.mark.browser
-def test_upload_then_switch_layer_and_head(server):
+def test_upload_then_switch_layer_and_head(server, real_model):
     SHOTS.mkdir(exist_ok=True)
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
@@ -69,3 +76,15 @@ def test_upload_then_switch_layer_and_head(server):
         wait_for_new_heatmap(page, third)
         page.get_by_text("rocket.jpg").wait_for()
         page.get_by_text("Layer 8, head 3: where the class token looks").wait_for()
+
+        # The download button hands over exactly the picture on the page (encoded only on the click)
+        with page.expect_download() as info:
+            page.get_by_role("button", name="Download this picture (PNG)").click()
+        download = info.value
+        assert download.suggested_filename == "attention_layer8_head3.png"
+        got = np.asarray(Image.open(io.BytesIO(Path(download.path()).read_bytes())).convert("RGB"), dtype=np.int16)
+        image = open_image((ASSETS / "rocket.jpg").read_bytes()).image
+        cap = attnviz.capture(real_model, image)
+        want = render.enlarge(render.overlay(real_model.view(image), cap.cls_map(7, 2)), 448)
+        assert got.shape == (want.height, want.width, 3)
+        assert np.abs(got - np.asarray(want, dtype=np.int16)).max() <= 2  # same maps; float rounding at most

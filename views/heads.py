@@ -11,7 +11,7 @@ from attnviz import render
 from ui import t
 
 from . import Context
-from .common import QUERY_COLOUR, data_url, download_file, png_bytes, selected_points
+from .common import QUERY_COLOUR, data_url, download_png, selected_points
 
 CHART_KEY = "heads_chart"
 CELL_PX = 72  # side of one small map on the page
@@ -99,4 +99,4 @@ def show(ctx: Context) -> None:
     st.altair_chart(chart, key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content")
     chosen = (ctx.layer, names.index(chosen_head) if chosen_head in names else -1)
     sheet = montage(tiles, chosen)
-    download_file(png_bytes(sheet), "all_heads.png", key="download_heads")
+    download_png(sheet, "all_heads.png", key="download_heads")

@@ -8,7 +8,7 @@ from attnviz.masks import DEFAULT_MASS, draw_mask, mass_mask
 from ui import t
 
 from . import Context
-from .common import download_file, enlarge, head_label, head_part, png_bytes
+from .common import download_png, enlarge, head_label, head_part
 
 ONE, HEADS = "one", "heads"
 THUMB_PX = 224
@@ -48,4 +48,4 @@ def show(ctx: Context) -> None:
         for i, thumb in enumerate(thumbs):
             picture.paste(thumb, ((i % per_row) * (THUMB_PX + 8), (i // per_row) * (THUMB_PX + 8)))
         name = f"mask{percent}_layer{ctx.layer + 1}_all_heads.png"
-    download_file(png_bytes(picture), name, key="download_mask")
+    download_png(picture, name, key="download_mask")

@@ -8,7 +8,7 @@ from ui import t
 
 from . import Context
 from .common import (
-    clickable_picture, colour_scale, download_file, enlarge, head_label, head_part, mark_patch, png_bytes,
+    clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch,
     selected_points, token_label,
 )
 
@@ -70,9 +70,7 @@ def show(ctx: Context) -> None:
         clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked)
         st.caption(t("analysis.query.caption"))
         colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.query.units", n=cap.num_tokens))
-        download_file(
-            png_bytes(picture), f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_query"
-        )
+        download_png(picture, f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_query")
     with right:
         st.subheader(t("analysis.query.prefix_header"))
         st.caption(t("analysis.query.prefix_body"))

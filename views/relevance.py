@@ -8,7 +8,7 @@ from attnviz.relevance import RelevanceError, relevance_map
 from ui import t
 
 from . import Context
-from .common import colour_scale, download_file, enlarge, png_bytes, remember
+from .common import colour_scale, download_png, enlarge, remember
 
 TOP = 5
 
@@ -45,4 +45,4 @@ def show(ctx: Context) -> None:
     picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
     st.image(picture, caption=t("analysis.relevance.caption", label=label))
     colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.relevance.units"))
-    download_file(png_bytes(picture), f"relevance_class{index}.png", key="download_relevance")
+    download_png(picture, f"relevance_class{index}.png", key="download_relevance")

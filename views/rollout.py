@@ -11,7 +11,7 @@ from attnviz.rollout import rollout_map
 from ui import t
 
 from . import Context
-from .common import colour_scale, download_file, enlarge, png_bytes, remember
+from .common import colour_scale, download_png, enlarge, remember
 
 
 def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.Image:
@@ -54,4 +54,4 @@ def show(ctx: Context) -> None:
             st.image(picture, caption=caption)
             colour_scale(np.asarray(grid_map), ctx.cmap, picture.width, units)
     name = f"rollout_layers{first}-{last}_{fusion}.png"
-    download_file(png_bytes(side_by_side(*pictures)), name, key="download_rollout")
+    download_png(side_by_side(*pictures), name, key="download_rollout")
