@@ -39,7 +39,9 @@ def answer():
         time.sleep(0.2)
         if os.path.exists(report + ".ask") and "torch" in sys.modules:
             import torch
+            gc.unfreeze()  # the app freezes its long-lived objects (ui.cached_model): count those too
             modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+            gc.freeze()
             hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
             with open(report + ".tmp", "w") as f:
                 json.dump({"modules": len(modules), "hooks": hooks}, f)
@@ -97,7 +99,7 @@ def test_soak(uploads, tmp_path):
     with probed_server(PORT, report, server_tmp) as (url, proc), chromium() as browser:
         temp_before = set(os.listdir(server_tmp))
         page = open_upload(browser.new_context(viewport={"width": 1300, "height": 1000}), url)
-        previous, after_warm_up = None, None
+        previous, after_warm_up, trend = None, None, []
         for i in range(uploads):
             page.locator("input[type=file]").set_input_files(
                 files=[{"name": f"soak_{i}.png", "mimeType": "image/png", "buffer": upload_bytes(i, token)}])
@@ -108,6 +110,8 @@ def test_soak(uploads, tmp_path):
             assert page.locator("[data-testid='stException']").count() == 0
             if i + 1 == warm:
                 after_warm_up = rss_mb(proc)
+            if (i + 1) % 20 == 0:
+                trend.append(round(rss_mb(proc)))
         page.wait_for_timeout(1000)  # let the last run finish releasing its objects
         end = rss_mb(proc)
         probe = hooks_attached(proc, report)
@@ -115,7 +119,8 @@ def test_soak(uploads, tmp_path):
     growth = end - after_warm_up
     print(f"\nsoak: {uploads} uploads; server RSS {after_warm_up:.0f} MB after {warm} warm-up uploads, "
           f"{end:.0f} MB at the end: growth {growth:+.1f} MB; hooks attached: {probe['hooks']} "
-          f"on {probe['modules']} modules; new temporary files: {len(temp_after - temp_before)}")
+          f"on {probe['modules']} modules; new temporary files: {len(temp_after - temp_before)}; "
+          f"RSS every 20 uploads (MB): {trend}")
     assert probe["modules"] > 100 and probe["hooks"] == 0
     assert temp_after - temp_before == set()
     assert growth <= GROWTH_LIMIT_MB
