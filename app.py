@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-import ui
-import views
-from attnviz import render
-from attnviz.capture import HEAD_FUSIONS
-from ui import t
+import startup
 
 st.set_page_config(page_title="attnviz", page_icon="👁", layout="wide")
+with startup.importing():
+    import ui
+    import views
+    from attnviz import render
+    from attnviz.capture import HEAD_FUSIONS
+    from ui import t
+
 ui.language_picker()
 settings = ui.model_settings()
 st.sidebar.header(t("view.display"))

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import math
 
-import altair as alt
-import numpy as np
-import pandas as pd
 import streamlit as st
-from PIL import Image, ImageDraw, ImageFont
 
-import ui
-from attnviz import Capture, Model, lesson, render
-from ui import t
+import startup
+
+with startup.importing():
+    import altair as alt
+    import numpy as np
+    import pandas as pd
+    from PIL import Image, ImageDraw, ImageFont
+
+    import ui
+    from attnviz import Capture, Model, lesson, render
+    from ui import t
 
 CMAP = "inferno"
 QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno

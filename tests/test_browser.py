@@ -47,7 +47,10 @@ def test_upload_then_switch_layer_and_head(server, real_model):
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         page.goto(server)
-        page.get_by_text("Upload a photo", exact=True).click()
+        # the server's first run imports torch and timm for seconds: the page says so instead of staying blank
+        page.get_by_text("Starting attnviz: loading PyTorch").wait_for(timeout=20_000)
+        page.get_by_text("Upload a photo", exact=True).click(timeout=120_000)
+        assert page.get_by_text("Starting attnviz").count() == 0
         page.locator("input[type=file]").set_input_files(str(ASSETS / "coffee.jpg"))
         page.wait_for_selector(HEATMAP, timeout=120_000)
         page.wait_for_function("s => document.querySelector(s).complete", arg=HEATMAP)
