@@ -70,9 +70,10 @@ def cached_capture(
 
 
 MAX_SIDE = 2048  # decoded photos are kept at most this large: ≤ 12.6 MB per cached entry
+IMAGE_CACHE_ENTRIES = 16
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
+@st.cache_resource(show_spinner=False, max_entries=IMAGE_CACHE_ENTRIES)
 def checked_image(digest: str, name: str, _data: bytes) -> CheckedImage | ImageError:
     """The decoded image, or the reason it cannot be used (never raises). Both are immutable.
 
