@@ -21,7 +21,7 @@ def test_first_view_shows_the_heatmap_and_the_facts(app):
     assert [s.label for s in app.slider if s.key == "layer"] == ["Layer"]
     assert app.selectbox(key="head").label == "Head"
     assert app.slider(key="layer").value == 12 and app.selectbox(key="head").value == "mean"
-    facts = app.markdown[0].value
+    facts = next(m.value for m in app.markdown if "**Tokens:**" in m.value)
     assert "**14 × 14**" in facts and "**197**" in facts and "d_k = 64" in facts
     assert any("no class predictions" in i.value for i in app.info)
 
@@ -52,10 +52,16 @@ def test_changing_the_view_does_not_run_the_model_again(app, monkeypatch):
 def test_another_sample_and_chinese(app):
     app.selectbox(key="sample").set_value("rocket").run()
     assert not app.exception and heatmap_url(app)
+    text = " ".join(m.value for m in app.markdown)
+    assert "so a patch at 0.0051 gets exactly an equal share" in text  # 1 / 197 tokens
+    assert "Vision Transformers Need Registers" in text  # the default model has no register tokens
     app.selectbox(key="lang").set_value("zh-TW").run()
     assert not app.exception
     assert app.title[0].value == "視覺 Transformer 在看哪裡？"
     assert app.slider(key="layer").label == "層"
+    text = " ".join(m.value for m in app.markdown)
+    assert "DINOv2 風格的 ViT-S/14 骨幹網路" in text and "backbone" not in text
+    assert "所以 0.0051 正好是平均分配的一份（" in text
 
 
 def test_file_names_are_not_read_as_markdown_and_messages_are_translated(app):

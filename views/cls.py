@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from attnviz import render
+from attnviz import offline, render
 from ui import t
 
 from . import Context
@@ -20,6 +20,11 @@ def show(ctx: Context) -> None:
     with left:
         st.subheader(t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head)))
         heatmap(picture, cls_map, ctx.cmap, t("view.caption", h=cap.grid[0], w=cap.grid[1]))
+        with st.expander(t("view.reading")):
+            reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens)
+            if cap.num_prefix_tokens <= 1:  # registers are extra prefix tokens besides the class token
+                reading = reading.rstrip() + "\n- " + t("view.no_registers")
+            st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
         download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
     with right:
@@ -30,8 +35,10 @@ def facts(ctx: Context) -> None:
     cap, model = ctx.cap, ctx.model
     h, w = cap.grid
     st.subheader(t("facts.header"))
+    # the offline default's origin in the reader's language; hub and checkpoint origins are names and paths
+    provenance = t("facts.offline_provenance") if model.provenance == offline.PROVENANCE else model.provenance
     st.markdown(t(
-        "facts.body", name=model.name, provenance=model.provenance, size=model.size, h=h, w=w,
+        "facts.body", name=model.name, provenance=provenance, size=model.size, h=h, w=w,
         prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
         heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
         device=str(model.device),
