@@ -35,7 +35,7 @@ WARM_UP = 14  # fills the capture cache (12 entries) before memory is measured
 GROWTH_LIMIT_MB = 50  # full run: median of the last 10 uploads' RSS against the first 10 after warm-up
 
 # Runs the real server, plus a thread that, whenever "<report>.ask" appears, writes to <report> how many
-# hooks are attached to any torch module in the process.
+# torch modules, hooks on them, captures and decoded photos are alive in the process.
 LAUNCHER = """
 import gc, json, os, sys, threading, time, runpy
 report = sys.argv[1]
@@ -67,7 +67,7 @@ def probed_server(port: int, report: Path, tmpdir: Path):
     return streamlit_server(port, env={"TMPDIR": str(tmpdir)}, launcher=[sys.executable, "-c", LAUNCHER, str(report)])
 
 
-def hooks_attached(proc: subprocess.Popen, report: Path) -> dict:
+def server_probe(proc: subprocess.Popen, report: Path) -> dict:
     report.unlink(missing_ok=True)
     Path(f"{report}.ask").touch()
     deadline = time.monotonic() + 30
@@ -120,7 +120,7 @@ def test_soak(uploads, tmp_path):
             if i + 1 >= warm:
                 rss.append(rss_mb(proc))
         page.wait_for_timeout(1000)  # let the last run finish releasing its objects
-        probe = hooks_attached(proc, report)
+        probe = server_probe(proc, report)
         temp_after = set(os.listdir(server_tmp))
     ends = min(10, len(rss) // 2)
     growth = statistics.median(rss[-ends:]) - statistics.median(rss[:ends])

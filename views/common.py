@@ -29,8 +29,8 @@ def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str)
 
 
 def download_png(picture: Image.Image, file_name: str, key: str) -> None:
-    """A download button for ``picture``; the PNG is encoded only when clicked (encoding a 448 px
-    picture on every run was a third of a Layer change's server time)."""
+    """A download button for ``picture``; the PNG is encoded only when clicked (encoding the 588 px
+    class-token picture on every run was a third of a Layer change's server time)."""
     download_file(lambda: png_bytes(picture), file_name, key=key)
 
 
