@@ -1,34 +1,58 @@
 """Capture every layer's and head's attention in one forward pass, at the cost of a plain forward.
 
-The attention weights of layer l are A = softmax(Q Kᵀ / √d_k) (Vaswani et al. 2017). Rather than
-materialising all L × H × N × N weights (540 MB at 518 px), we keep what they are made of — each
-layer's queries and keys, O(L · N · D) — by hooking the ``q_norm`` / ``k_norm`` modules that timm's
-``Attention`` calls on both its fused (SDPA) and eager paths. Any row or matrix is then recomputed
-on demand: softmax((q · scale) @ kᵀ), with the precision explained at ``_softmax_scores``.
+The attention weights of layer l are A = softmax(Q Kᵀ / √d_k + B) (Vaswani et al. 2017), with B a
+relative-position bias in the models that have one (zero otherwise). Rather than materialising all
+L × H × N × N weights (540 MB at 518 px), we keep what they are made of — each layer's queries and
+keys, O(L · N · D) — read through the model family's adapter (:mod:`attnviz.adapters`) while the
+model runs its normal fused forward. The adapter makes q and k exactly the ones that enter the
+softmax (after q_norm / k_norm and, for RoPE models, after the rotation). Any row or matrix is then
+recomputed on demand: softmax((q · scale) @ kᵀ + B), with the precision explained at
+``_softmax_scores``.
+
+Alongside, each token's L2 norm after every layer is kept, O(L · N): Darcet et al. 2024 ("Vision
+Transformers Need Registers") show that some models repurpose a few background patches as
+high-norm tokens that soak up attention; :meth:`Capture.high_norm` says whether this capture has any.
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Union
 
 import numpy as np
 import torch
 from PIL import Image
 
-from .models import Fit, Model
+from .adapters import Recorder
+from .errors import NoClassTokenError
+from .models import FITS, Fit, Model
 
 Head = Union[int, Literal["mean", "max", "min"]]
 HEAD_FUSIONS = ("mean", "max", "min")
+# A patch token is "high-norm" when its norm after a layer exceeds this multiple of that layer's median
+# patch-token norm. Darcet et al. 2024 (Fig. 3) find such tokens an order of magnitude above the rest
+# (a bimodal histogram); ordinary tokens of the offline ViT-S/14 stay under 1.6× the median. 3× sits
+# well clear of both.
+HIGH_NORM_RATIO = 3.0
+Summary = Literal["cls", "mean_received"]
+
+
+def _whole(value, what: str) -> int:
+    """``value`` as an int, or a TypeError naming ``what`` (True, 11.0 and "3" are not indices)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be a whole number (0-based), not {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True, eq=False)
 class Capture:
-    """One image's attention, every layer and head. Layers and heads are 0-based.
+    """One image's attention, every layer and head. Layers, heads and tokens are 0-based.
 
-    ``query`` and ``key`` are (L, H, N, d_k): the per-head vectors after timm's ``q_norm`` /
-    ``k_norm``, i.e. exactly what entered softmax(Q Kᵀ · scale).
+    ``query`` and ``key`` are (L, H, N, d_k): per head, exactly the vectors that entered
+    softmax(Q Kᵀ · scale + bias) — after timm's ``q_norm`` / ``k_norm`` and, for RoPE models, after
+    the rotation. ``bias`` is the additive logit bias of relative-position models, (L, H, N, N),
+    shared by every capture of the same model; ``None`` when the model has none.
     """
 
     query: torch.Tensor  # (L, H, N, d_k)
@@ -39,6 +63,9 @@ class Capture:
     input: torch.Tensor  # (1, 3, S, S): the exact tensor the model received
     output: torch.Tensor  # (C,): logits for a classifier, pooled features otherwise
     seconds: float  # wall time of the forward pass with capture
+    bias: torch.Tensor | None = None  # (L, H, N, N) additive logit bias, or None
+    has_class_token: bool = True  # whether token 0 is a class token
+    token_norms: torch.Tensor | None = None  # (L, N): ‖x_i‖ of every token after every layer
 
     @property
     def num_layers(self) -> int:
@@ -54,32 +81,45 @@ class Capture:
 
     @property
     def nbytes(self) -> int:
-        """Memory held by this capture's tensors."""
-        return sum(t.element_size() * t.nelement() for t in (self.query, self.key, self.input, self.output))
+        """Memory held by this capture's own tensors (a relative-position bias is the model's, shared)."""
+        own = [self.query, self.key, self.input, self.output]
+        if self.token_norms is not None:
+            own.append(self.token_norms)
+        return sum(t.element_size() * t.nelement() for t in own)
 
     def _check(self, layer: int, query: int | None = None) -> None:
+        layer = _whole(layer, "layer")
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} is outside 0…{self.num_layers - 1}")
-        if query is not None and not 0 <= query < self.num_tokens:
-            raise IndexError(f"query token {query} is outside 0…{self.num_tokens - 1}")
+        if query is not None:
+            query = _whole(query, "query token")
+            if not 0 <= query < self.num_tokens:
+                raise IndexError(f"query token {query} is outside 0…{self.num_tokens - 1}")
+
+    def _bias(self, layer: int, rows: slice = slice(None)) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias[layer][:, rows]  # (H, M, N)
 
     def layer_weights(self, layer: int) -> torch.Tensor:
-        """All heads of one layer: softmax(Q Kᵀ · scale), (H, N, N) float32 tensor."""
+        """All heads of one layer: softmax(Q Kᵀ · scale + bias), (H, N, N) float32 tensor."""
         self._check(layer)
-        return _softmax_scores(self.query[layer], self.key[layer], self.scale)  # (H, N, N)
+        return _softmax_scores(self.query[layer], self.key[layer], self.scale, self._bias(layer))  # (H, N, N)
 
     def layer_rows(self, layer: int, query: int = 0) -> torch.Tensor:
         """One query token's attention row in every head: (H, N). Costs O(H · N · d_k)."""
         self._check(layer, query)
-        q = self.query[layer, :, query : query + 1]  # (H, 1, d_k)
-        return _softmax_scores(q, self.key[layer], self.scale)[:, 0]  # (H, N)
+        rows = slice(query, query + 1)
+        q = self.query[layer, :, rows]  # (H, 1, d_k)
+        return _softmax_scores(q, self.key[layer], self.scale, self._bias(layer, rows))[:, 0]  # (H, N)
 
     def weights(self, layer: int, head: Head) -> np.ndarray:
         """The (N, N) attention matrix of one head, or its mean / max / min over heads."""
         return fuse_heads(self.layer_weights(layer), head).cpu().numpy()
 
     def row(self, layer: int, head: Head, query: int = 0) -> np.ndarray:
-        """(N,) attention of token ``query`` (0 = CLS) over all keys; sums to 1 for a single head."""
+        """(N,) attention of token ``query`` over all keys; sums to 1 for a single head.
+
+        Token 0 is the class token only when ``has_class_token``; otherwise it is a register or the
+        first patch (see :meth:`cls_map`)."""
         return fuse_heads(self.layer_rows(layer, query), head).cpu().numpy()
 
     def query_map(self, layer: int, head: Head, query: int = 0) -> np.ndarray:
@@ -87,16 +127,66 @@ class Capture:
         return patch_grid(self.row(layer, head, query), self.grid, self.num_prefix_tokens)
 
     def cls_map(self, layer: int, head: Head) -> np.ndarray:
-        """(h, w): the class token's attention to the patches (prefix tokens left out)."""
+        """(h, w): the class token's attention to the patches (prefix tokens left out).
+
+        Raises :class:`NoClassTokenError` for a model without a class token, rather than show
+        token 0's row as if it were one; :meth:`summary_map` picks a stated alternative.
+        """
+        if not self.has_class_token:
+            raise NoClassTokenError(
+                "this model has no class token, so there is no class-token row; use mean_received_map() "
+                "(the attention each patch receives, averaged over all patch queries) or query_map() for one patch"
+            )
         return self.query_map(layer, head, 0)
+
+    def mean_received_map(self, layer: int, head: Head) -> np.ndarray:
+        """(h, w): the attention each patch receives, averaged over all patch queries.
+
+        (1 / P) Σ_q A[q, patches] over the P patch query tokens: a summary that needs no class token.
+        """
+        p = self.num_prefix_tokens
+        received = fuse_heads(self.layer_weights(layer), head)[p:].mean(0)  # (N,): mean over patch query rows
+        return patch_grid(received.cpu().numpy(), self.grid, p)
+
+    @property
+    def summary(self) -> Summary:
+        """What :meth:`summary_map` shows: ``"cls"`` (the class token's row) or ``"mean_received"``."""
+        return "cls" if self.has_class_token else "mean_received"
+
+    def summary_map(self, layer: int, head: Head) -> np.ndarray:
+        """(h, w): the one-picture summary of a layer — the class token's row when the model has a
+        class token, else the mean attention each patch receives; :attr:`summary` says which."""
+        return self.cls_map(layer, head) if self.has_class_token else self.mean_received_map(layer, head)
 
     def all_weights(self) -> np.ndarray:
         """(L, H, N, N) float32: every weight. Large: 540 MB at 518 px for ViT-S."""
         return np.stack([self.layer_weights(i).cpu().numpy() for i in range(self.num_layers)])
 
+    # ---- token norms (Darcet et al. 2024) ----
 
-def _softmax_scores(query: torch.Tensor, key: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q · kᵀ · scale) over the last axis: (H, M, d_k), (H, N, d_k) → (H, M, N), in q's dtype.
+    def norm_ratio(self, layer: int) -> np.ndarray:
+        """(h, w): each patch token's norm after ``layer`` divided by that layer's median patch norm."""
+        self._check(layer)
+        if self.token_norms is None:
+            raise ValueError("this capture has no token norms (it was made before attnviz recorded them)")
+        norms = self.token_norms[layer, self.num_prefix_tokens :].double()  # (P,)
+        return patch_grid((norms / norms.median()).cpu().numpy(), self.grid, 0)
+
+    def high_norm(self, layer: int, ratio: float = HIGH_NORM_RATIO) -> np.ndarray:
+        """(h, w) bool: patches whose norm after ``layer`` exceeds ``ratio`` × the median patch norm."""
+        return self.norm_ratio(layer) > ratio
+
+    def high_norm_layers(self, ratio: float = HIGH_NORM_RATIO) -> list[int]:
+        """The layers (0-based) after which at least one patch token is high-norm."""
+        if self.token_norms is None:
+            return []
+        return [layer for layer in range(self.num_layers) if self.high_norm(layer, ratio).any()]
+
+
+def _softmax_scores(
+    query: torch.Tensor, key: torch.Tensor, scale: float, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """softmax(q · kᵀ · scale + bias) over the last axis: (H, M, d_k), (H, N, d_k) → (H, M, N), in q's dtype.
 
     The logits reach ~300 in this model, where float32 dot products are off by ~1e-5 and softmax
     passes that error on. So the dot products are taken in float64 and the row maximum subtracted
@@ -104,19 +194,17 @@ def _softmax_scores(query: torch.Tensor, key: torch.Tensor, scale: float) -> tor
     float64 recomputation this is within ~2e-6, at about twice the cost of plain float32.
     """
     scores = (query.double() * scale) @ key.double().transpose(-2, -1)
+    if bias is not None:
+        scores = scores + bias.double()  # (H, M, N)
     scores = scores - scores.amax(dim=-1, keepdim=True)
     return scores.to(query.dtype).softmax(dim=-1)
 
 
 def fuse_heads(weights: torch.Tensor, head: Head) -> torch.Tensor:
     """Pick head ``head`` from a (H, ...) tensor, or reduce over heads with mean / max / min."""
-    if head == "mean":
-        return weights.mean(0)
-    if head == "max":
-        return weights.amax(0)
-    if head == "min":
-        return weights.amin(0)
-    if isinstance(head, (int, np.integer)) and 0 <= head < weights.shape[0]:
+    if isinstance(head, str) and head in HEAD_FUSIONS:
+        return {"mean": weights.mean, "max": weights.amax, "min": weights.amin}[head](0)
+    if not isinstance(head, (bool, np.bool_)) and isinstance(head, (int, np.integer)) and 0 <= head < weights.shape[0]:
         return weights[int(head)]
     raise ValueError(f"head must be 0…{weights.shape[0] - 1} or one of {HEAD_FUSIONS}, not {head!r}")
 
@@ -130,57 +218,78 @@ def patch_grid(row: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int) -
     return patches.reshape(h, w)
 
 
-def _attention_modules(network: torch.nn.Module) -> list[torch.nn.Module]:
-    blocks = getattr(network, "blocks", None)
-    attns = [getattr(b, "attn", None) for b in blocks] if blocks is not None else []
-    if not attns or not all(hasattr(a, "q_norm") and hasattr(a, "k_norm") for a in attns):
-        raise TypeError(f"{type(network).__name__} has no timm ViT attention blocks to capture")
-    return attns
+def _check_input(model: Model, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"capture_tensor() takes a (1, 3, S, S) torch tensor, not {type(x).__name__}")
+    s = model.size
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise ValueError(f"capture_tensor() takes a (1, 3, {s}, {s}) tensor, not one of shape {tuple(x.shape)}")
+    if x.shape[0] != 1:
+        raise ValueError(f"capture_tensor() takes one image, not a batch of {x.shape[0]}: capture each image on its own")
+    if tuple(x.shape[-2:]) != (s, s):
+        raise ValueError(
+            f"the input is {x.shape[-2]} × {x.shape[-1]} px but {model.name} is set up for {s} × {s} px; "
+            f"load the model with size={x.shape[-1]} or prepare the photo with model.to_input(model.view(image))"
+        )
+    if not x.is_floating_point():
+        raise TypeError(f"capture_tensor() takes a floating-point tensor, not {x.dtype}")
+    if x.device.type != model.device.type:
+        raise ValueError(f"the input is on {x.device} but the model is on {model.device}")
 
 
 @torch.inference_mode()
 def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
     """Run ``model`` once on the (1, 3, S, S) tensor ``x`` and keep every layer's queries and keys."""
-    attns = _attention_modules(model.network)
-    owner = threading.get_ident()
-    shape = (len(attns), attns[0].num_heads, model.num_tokens, attns[0].head_dim)  # (L, H, N, d_k)
-    query = torch.empty(shape, device=x.device, dtype=x.dtype)
-    key = torch.empty(shape, device=x.device, dtype=x.dtype)
-    seen: set[tuple[str, int]] = set()
+    _check_input(model, x)
+    adapter = model.adapter
+    shape = (adapter.depth, adapter.num_heads, model.num_tokens, adapter.head_dim)  # (L, H, N, d_k)
+    recorder = Recorder(
+        query=torch.empty(shape, device=x.device, dtype=x.dtype),
+        key=torch.empty(shape, device=x.device, dtype=x.dtype),
+        norms=torch.empty((adapter.depth, model.num_tokens), device=x.device, dtype=x.dtype),  # (L, N)
+    )
 
-    def keep(store: torch.Tensor, name: str, layer: int):
-        def hook(_module, _inputs, output: torch.Tensor) -> None:
-            # The model object is shared by every browser session; only record our own thread's pass.
-            if threading.get_ident() == owner:
-                store[layer].copy_(output[0])  # (H, N, d_k), copied out of the fused qkv buffer
-                seen.add((name, layer))
+    def keep_tokens(layer: int):
+        def hook(_module, _inputs, output) -> None:
+            recorder.put_tokens(layer, adapter.blocks_output(output)[0])  # (N, D) → (N,) norms
         return hook
 
     handles = []
     try:
-        for i, attn in enumerate(attns):
-            handles.append(attn.q_norm.register_forward_hook(keep(query, "q", i)))
-            handles.append(attn.k_norm.register_forward_hook(keep(key, "k", i)))
+        for layer in range(adapter.depth):
+            handles += adapter.attach(layer, recorder)
+            handles.append(adapter.blocks[layer].register_forward_hook(keep_tokens(layer)))
         start = time.perf_counter()
-        output = model.network(x)
+        output = adapter.forward(model.network, x)
         seconds = time.perf_counter() - start
     finally:
         for h in handles:
             h.remove()
-    if len(seen) != 2 * len(attns):
+    if len(recorder.seen) != 3 * adapter.depth:
         raise RuntimeError("the forward pass did not reach every attention layer")
+    adapter.finish(recorder)  # e.g. rotate q and k by RoPE, as the model did inside its attention
     return Capture(
-        query=query,
-        key=key,
-        scale=float(attns[0].scale),
+        query=recorder.query,
+        key=recorder.key,
+        scale=adapter.scale,
         grid=model.grid,
         num_prefix_tokens=model.num_prefix_tokens,
         input=x,
-        output=output[0],
+        output=output,
         seconds=seconds,
+        bias=adapter.bias,
+        has_class_token=adapter.has_class_token,
+        token_norms=recorder.norms,
     )
 
 
 def capture(model: Model, image: Image.Image, fit: Fit = "crop") -> Capture:
     """Preprocess ``image`` as ``model`` expects and capture its attention (see :class:`Capture`)."""
+    if isinstance(image, (str, Path)):
+        raise TypeError(f"capture() takes a PIL image, not the path {str(image)!r}: open it first, capture(model, Image.open(path))")
+    if not isinstance(image, Image.Image):
+        hint = " (for an array use Image.fromarray(array); for a tensor use capture_tensor)" if hasattr(image, "shape") else ""
+        raise TypeError(f"capture() takes a PIL image, not {type(image).__name__}{hint}")
+    if fit not in FITS:
+        raise ValueError(f"fit must be one of {FITS}, not {fit!r}")
     return capture_tensor(model, model.to_input(model.view(image, fit)))

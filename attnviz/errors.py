@@ -2,4 +2,8 @@
 
 
 class ModelError(RuntimeError):
-    """A model could not be loaded."""
+    """A model could not be loaded, or attnviz cannot reproduce its attention exactly."""
+
+
+class NoClassTokenError(ValueError):
+    """The model has no class token, so there is no class-token row to show."""

@@ -3,14 +3,18 @@
 ``load_model()`` gives the offline default (see :mod:`attnviz.offline`); a timm hub name such as
 ``"vit_base_patch16_224.augreg2_in21k_ft_in1k"`` loads from the local Hugging Face cache, or from the
 hub when it can be reached; ``checkpoint=`` loads a local ``.safetensors`` file for a named timm
-architecture (never a pickle).
+architecture (never a pickle); ``"hf:<folder or repo id>"`` loads a Hugging Face ``transformers``
+checkpoint offline (see :mod:`attnviz.adapters.hf`).
+
+Every network goes through :func:`attnviz.adapters.adapter_for` when it is wrapped, so a model whose
+attention attnviz cannot reproduce exactly is refused here, with one sentence, not at capture time.
 """
 from __future__ import annotations
 
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +25,8 @@ from PIL import Image
 from torchvision import transforms as T
 
 from . import offline
+from .adapters import Adapter, adapter_for
+from .adapters import hf as hf_family
 from .errors import ModelError
 
 DEFAULT_SIZE = 196
@@ -29,36 +35,54 @@ HUB_MODELS = (
     "deit_small_patch16_224.fb_in1k",
     "vit_small_patch16_224.dino",
     "vit_small_patch14_reg4_dinov2.lvd142m",
+    "vit_small_patch16_dinov3.lvd1689m",  # RoPE, 4 registers (Siméoni et al. 2025)
+    "eva02_tiny_patch14_336.mim_in22k_ft_in1k",  # RoPE, ImageNet classifier (Fang et al. 2024)
 )
+HF_PREFIX = "hf:"
 HUB_TIMEOUT_S = 3.0
 Fit = Literal["crop", "squash"]
+FITS = ("crop", "squash")
 
 
 @dataclass(frozen=True, eq=False)
 class Model:
-    """A timm ViT in eval mode plus everything needed to feed it and to describe it."""
+    """A ViT (timm or Hugging Face) in eval mode plus everything needed to feed it and to describe it.
+
+    ``adapter`` says how to read its exact attention (:mod:`attnviz.adapters`); the properties below
+    are the token layout every family shares.
+    """
 
     network: torch.nn.Module
     name: str
     provenance: str
     size: int  # input side S in pixels (square S × S)
-    data_config: dict
+    data_config: dict  # timm-style: input_size, mean, std, interpolation, crop_pct (, crop_mode)
     labels: tuple[str, ...] | None  # class names when the model has a classifier head
     device: torch.device
+    adapter: Adapter | None = field(default=None, repr=False)  # filled in from the network when not given
+
+    def __post_init__(self) -> None:
+        if self.adapter is None:
+            object.__setattr__(self, "adapter", adapter_for(self.network, self.size))
 
     @property
     def patch(self) -> int:
-        return self.network.patch_embed.patch_size[0]
+        return self.adapter.patch
 
     @property
     def grid(self) -> tuple[int, int]:
         """Patch grid (h, w) = (S / patch, S / patch)."""
-        return self.network.patch_embed.dynamic_feat_size((self.size, self.size))
+        return self.adapter.grid(self.size)
 
     @property
     def num_prefix_tokens(self) -> int:
         """CLS + register (+ distillation) tokens that come before the patch tokens."""
-        return self.network.num_prefix_tokens
+        return self.adapter.num_prefix_tokens
+
+    @property
+    def has_class_token(self) -> bool:
+        """Whether token 0 is a class token (``class_token=False`` models have none)."""
+        return self.adapter.has_class_token
 
     @property
     def num_tokens(self) -> int:
@@ -68,19 +92,19 @@ class Model:
 
     @property
     def depth(self) -> int:
-        return len(self.network.blocks)
+        return self.adapter.depth
 
     @property
     def num_heads(self) -> int:
-        return self.network.blocks[0].attn.num_heads
+        return self.adapter.num_heads
 
     @property
     def head_dim(self) -> int:
-        return self.network.blocks[0].attn.head_dim
+        return self.adapter.head_dim
 
     @property
     def embed_dim(self) -> int:
-        return self.network.embed_dim
+        return self.adapter.embed_dim
 
     def view(self, image: Image.Image, fit: Fit = "crop") -> Image.Image:
         """The S × S RGB picture the model sees: timm's resize + centre crop, or the whole photo squashed."""
@@ -134,14 +158,22 @@ def wrap(
     device: torch.device | str = "cpu",
     crop_pct: float | None = None,
 ) -> Model:
-    """Wrap any timm ViT you built yourself (e.g. in a notebook) so attnviz can capture it."""
+    """Wrap a timm ViT you built yourself (e.g. in a notebook) so attnviz can capture it.
+
+    Raises :class:`ModelError` (one sentence) for a network attnviz cannot read exactly: not a
+    ViT, an attention family it cannot reproduce (SAM, differential attention, ...), a non-square
+    input, or a ``size`` the network was not built for.
+    """
+    if not isinstance(network, torch.nn.Module):
+        raise ModelError(f"wrap() needs a torch.nn.Module (a timm ViT), not {type(network).__name__}.")
     device = torch.device(device)
     network.eval().requires_grad_(False).to(device)
+    adapter = adapter_for(network, size)  # refuses here, not at the first capture
     cfg = timm.data.resolve_data_config({}, model=network)
     cfg["input_size"] = (3, size, size)
     if crop_pct is not None:
         cfg["crop_pct"] = crop_pct
-    return Model(network, name, provenance, size, cfg, _labels(network), device)
+    return Model(network, name, provenance, size, cfg, _labels(network), device, adapter)
 
 
 def _load_default(size: int, device: torch.device) -> Model:
@@ -216,7 +248,7 @@ def _load_hub(name: str, size: int | None, device: torch.device) -> Model:
         raise
     except Exception as e:  # timm/hub raise many kinds; the page needs one sentence
         raise ModelError(f"Could not load {name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    size = size or network.patch_embed.img_size[0]
+    size = network.patch_embed.img_size[0] if size is None else size
     return wrap(network, name, f"timm hub model {name}", size, device)
 
 
@@ -233,8 +265,20 @@ def _load_checkpoint(arch: str, checkpoint: Path, size: int | None, device: torc
         network = timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": str(checkpoint)}, **kwargs)
     except Exception as e:
         raise ModelError(f"{checkpoint.name} does not fit {arch}: {str(e).splitlines()[0][:200]}") from e
-    size = size or network.patch_embed.img_size[0]
+    size = network.patch_embed.img_size[0] if size is None else size
     return wrap(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint}", size, device)
+
+
+def _load_hf(spec: str, size: int | None, device: torch.device) -> Model:
+    parts = hf_family.load(spec, size, device)
+    network = parts.pop("network").eval().requires_grad_(False).to(device)
+    adapter = adapter_for(network, parts["size"])
+    return Model(network, device=device, adapter=adapter, **parts)
+
+
+def _check_size(size) -> None:
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        raise ModelError(f"The input size must be a positive whole number of pixels, not {size!r}.")
 
 
 def load_model(
@@ -247,20 +291,26 @@ def load_model(
     """Load a ViT ready for :func:`attnviz.capture`.
 
     Args:
-        name: ``None`` for the offline default; a timm hub name; or, with ``checkpoint``, a timm
-            architecture name.
+        name: ``None`` for the offline default; a timm hub name; ``"hf:<folder or repo id>"`` for a
+            Hugging Face checkpoint (local folder or local cache, safetensors only); or, with
+            ``checkpoint``, a timm architecture name.
         size: input side S in pixels (a multiple of the patch size). Default 196 for the offline
             model (14 × 14 patches, N = 197), the model's own size otherwise.
         checkpoint: a local ``.safetensors`` state dict for architecture ``name``.
         device: ``"cpu"``, ``"cuda"``; the GPU when there is one by default.
     """
     device = torch.device(device) if device is not None else default_device()
-    if checkpoint is not None:
+    _check_size(size)
+    if name is not None and name.startswith(HF_PREFIX):
+        if checkpoint is not None:
+            raise ModelError("A Hugging Face folder holds its own weights; leave checkpoint= out.")
+        model = _load_hf(name[len(HF_PREFIX):], size, device)
+    elif checkpoint is not None:
         if not name:
             raise ModelError("A checkpoint needs the timm architecture name it was trained as.")
         model = _load_checkpoint(name, Path(checkpoint), size, device)
     elif name is None or name == offline.ARCH:
-        model = _load_default(size or DEFAULT_SIZE, device)
+        model = _load_default(DEFAULT_SIZE if size is None else size, device)
     else:
         model = _load_hub(name, size, device)
     return model

@@ -118,8 +118,8 @@ def test_patch_grid_raster_order():
 
 def test_capture_memory_is_small(real_model, cat):
     cap = attnviz.capture(real_model, cat)
-    # queries + keys: 2 × 12 × 197 × 384 × 4 bytes ≈ 7.3 MB, plus the input tensor
-    assert cap.nbytes == 2 * 12 * 197 * 384 * 4 + 3 * 196 * 196 * 4 + 384 * 4
+    # queries + keys: 2 × 12 × 197 × 384 × 4 bytes ≈ 7.3 MB, plus the input tensor and the token norms
+    assert cap.nbytes == 2 * 12 * 197 * 384 * 4 + 3 * 196 * 196 * 4 + 384 * 4 + 12 * 197 * 4
     assert cap.nbytes <= 8 * 2**20
 
 

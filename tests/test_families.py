@@ -1,0 +1,128 @@
+"""Every timm attention family attnviz accepts gives timm's own eager softmax, peaked weights included.
+
+Each model is built small and random (pretrained=False, 2 layers, 64 px), then its q and k weights
+are scaled ×6 so that attention is peaked as in a trained model (issue #13: the old capture was off by
+up to 1.0 there). The reference is timm's eager path (fused_attn=False), whose softmax output is read
+where it enters ``attn_drop``; the capture runs on the unchanged model's fused (SDPA) path.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import attnviz
+from attnviz.capture import capture_tensor
+
+FAMILIES = {
+    # name: (timm model, extra kwargs)
+    "vit": ("vit_small_patch16_224", {}),
+    "eva02": ("eva02_tiny_patch14_224", {"img_size": 56}),
+    "dinov3": ("vit_small_patch16_dinov3", {}),
+    "rope": ("vit_small_patch16_rope_224", {}),
+    "rope_mixed": ("vit_small_patch16_rope_mixed_224", {}),
+    "relpos": ("vit_relpos_small_patch16_224", {}),
+    "srelpos": ("vit_srelpos_small_patch16_224", {}),
+    "relpos_cls": ("vit_relpos_medium_patch16_cls_224", {}),
+}
+PEAK = 6.0
+
+
+def build(name: str, kwargs: dict, dtype=torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    kwargs = {"img_size": 64, "depth": 2, **kwargs}
+    network = timm.create_model(name, pretrained=False, num_classes=5, **kwargs).eval()
+    with torch.no_grad():
+        for module in network.modules():
+            if hasattr(module, "gamma") and isinstance(module.gamma, torch.nn.Parameter):
+                module.gamma.fill_(1.0)  # random init puts LayerScale at ~1e-5: make the blocks count
+        for block in network.blocks:
+            attn = block.attn
+            dim = attn.num_heads * attn.head_dim
+            if getattr(attn, "qkv", None) is not None:
+                attn.qkv.weight[: 2 * dim] *= PEAK  # q and k rows
+            else:
+                attn.q_proj.weight *= PEAK
+                attn.k_proj.weight *= PEAK
+    return network.to(dtype)
+
+
+def eager_weights(network: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """timm's own eager softmax, (H, N, N) per layer, from a private copy with fused_attn=False."""
+    twin = copy.deepcopy(network)
+    seen = []
+    for block in twin.blocks:
+        block.attn.fused_attn = False
+        block.attn.attn_drop.register_forward_hook(lambda _m, inputs, _o: seen.append(inputs[0][0].detach()))
+    with torch.no_grad():
+        twin(x)
+    assert len(seen) == len(twin.blocks)
+    return seen
+
+
+def worst(cap, reference) -> float:
+    return max(float((cap.layer_weights(i).double() - ref.double()).abs().max()) for i, ref in enumerate(reference))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_matches_timm_eager_softmax_when_peaked(family):
+    name, kwargs = FAMILIES[family]
+    network = build(name, kwargs)
+    size = network.patch_embed.img_size[0]
+    model = attnviz.wrap(network, name, "random init", size)
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(model, x)
+    reference = eager_weights(network, x)
+    assert cap.num_layers == 2 and cap.num_tokens == reference[0].shape[-1]
+    assert worst(cap, reference) <= 1e-5
+    # peaked for real: some head puts over half its weight on one key
+    assert max(float(r.max()) for r in reference) > 0.5
+    # and the model's own output is untouched by the capture
+    with torch.no_grad():
+        assert torch.equal(cap.output, network(x)[0])
+
+
+@pytest.mark.parametrize("family", ["eva02", "dinov3", "rope", "relpos"])
+def test_family_exact_in_float64_and_the_old_reading_was_wrong(family):
+    """In float64 the capture equals timm's eager softmax to ~1e-12; q·k read at the norms alone
+    (no RoPE, no bias: what attnviz did before) is far off, so the test can tell the difference."""
+    name, kwargs = FAMILIES[family]
+    network = build(name, kwargs, torch.float64)
+    size = network.patch_embed.img_size[0]
+    model = attnviz.wrap(network, name, "random init", size)
+    x = torch.randn(1, 3, size, size, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    cap = capture_tensor(model, x)
+    reference = eager_weights(network, x)
+    assert worst(cap, reference) <= 1e-10
+    # the old reading: softmax of the q_norm / k_norm outputs, no rotation and no bias
+    old = []
+    hooks = [b.attn.q_norm.register_forward_hook(lambda _m, _i, o: old.append(o[0])) for b in network.blocks]
+    hooks += [b.attn.k_norm.register_forward_hook(lambda _m, _i, o: old.append(o[0])) for b in network.blocks]
+    with torch.no_grad():
+        network(x)
+    for h in hooks:
+        h.remove()
+    q, k = old[0], old[1]  # layer 1 (q_norm runs before k_norm)
+    naive = ((q * cap.scale) @ k.transpose(-2, -1)).softmax(-1)
+    assert float((naive - reference[0]).abs().max()) > 0.05
+
+
+def test_relpos_bias_is_shared_by_captures_and_not_counted_as_theirs():
+    name, kwargs = FAMILIES["relpos"]
+    network = build(name, kwargs)
+    model = attnviz.wrap(network, name, "random init", 64)
+    a = capture_tensor(model, torch.randn(1, 3, 64, 64))
+    b = capture_tensor(model, torch.randn(1, 3, 64, 64))
+    assert a.bias is b.bias and a.bias.shape == (2, 6, 16, 16)
+    assert a.nbytes == 2 * a.query.nelement() * 4 + a.input.nelement() * 4 + a.output.nelement() * 4 + 2 * 16 * 4
+
+
+def test_rows_with_bias_equal_matrix_rows():
+    name, kwargs = FAMILIES["relpos"]
+    model = attnviz.wrap(build(name, kwargs), name, "random init", 64)
+    cap = capture_tensor(model, torch.randn(1, 3, 64, 64))
+    for head in (0, 5, "mean"):
+        np.testing.assert_allclose(cap.row(1, head, 7), cap.weights(1, head)[7], atol=1e-7)
