@@ -1,0 +1,136 @@
+"""Hugging Face checkpoints: load_model("hf:<folder>") reads save_pretrained folders offline, and the
+captured weights equal transformers' own eager attention (output_attentions=True) on the same input."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+
+import attnviz
+from attnviz import ModelError
+from attnviz.capture import capture_tensor
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            image_size=32, patch_size=8)
+PEAK = 6.0  # × the 1/√hidden scale of a trained model's q/k weights
+
+
+def tiny(arch: str):
+    """A tiny random model of ``arch`` with large q and k weights so that attention is peaked
+    (transformers initialises them at std 0.02, which gives near-uniform attention)."""
+    torch.manual_seed(0)
+    if arch.startswith("CLIP"):
+        config = transformers.CLIPVisionConfig(**TINY)
+    elif arch.startswith("DeiT"):
+        config = transformers.DeiTConfig(**TINY, num_labels=3)
+    elif arch.startswith("Dinov2WithRegisters"):
+        config = transformers.Dinov2WithRegistersConfig(**TINY, num_register_tokens=4)
+    elif arch.startswith("Dinov2"):
+        config = transformers.Dinov2Config(**TINY)
+    else:
+        config = transformers.ViTConfig(**TINY, num_labels=3, id2label={0: "cat", 1: "dog", 2: "cup"},
+                                        label2id={"cat": 0, "dog": 1, "cup": 2})
+    network = getattr(transformers, arch)(config).eval()
+    with torch.no_grad():
+        for module in network.modules():
+            if hasattr(module, "q_proj") and hasattr(module, "k_proj"):
+                module.q_proj.weight.normal_(0.0, PEAK / TINY["hidden_size"] ** 0.5)
+                module.k_proj.weight.normal_(0.0, PEAK / TINY["hidden_size"] ** 0.5)
+    return network
+
+
+def save(network, folder, processor: dict | None = None):
+    network.save_pretrained(folder)  # safetensors
+    if processor is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder
+
+
+VIT_PROCESSOR = {"do_resize": True, "size": {"height": 32, "width": 32}, "resample": 2, "do_rescale": True,
+                 "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+                 "image_std": [0.5, 0.5, 0.5], "image_processor_type": "ViTImageProcessor"}
+CROP_PROCESSOR = {"do_resize": True, "size": {"shortest_edge": 40}, "resample": 3, "do_center_crop": True,
+                  "crop_size": {"height": 32, "width": 32}, "do_rescale": True, "rescale_factor": 1 / 255,
+                  "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+
+ARCHS = {
+    "ViTModel": 1, "ViTForImageClassification": 1, "DeiTModel": 2, "DeiTForImageClassificationWithTeacher": 2,
+    "Dinov2Model": 1, "Dinov2WithRegistersModel": 5, "CLIPVisionModel": 1,
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_hf_weights_equal_transformers_eager_attention(arch, tmp_path):
+    network = tiny(arch)
+    folder = save(network, tmp_path / arch, VIT_PROCESSOR)
+    model = attnviz.load_model(f"hf:{folder}", device="cpu")
+    assert model.num_prefix_tokens == ARCHS[arch] and model.grid == (4, 4) and model.depth == 2
+    assert model.num_tokens == ARCHS[arch] + 16 and model.num_heads == 4 and model.head_dim == 8
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(model, x)
+    eager = getattr(transformers, arch).from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = eager(pixel_values=x, output_attentions=True)
+    assert len(out.attentions) == 2
+    worst = max(float((cap.layer_weights(i) - out.attentions[i][0]).abs().max()) for i in range(2))
+    assert worst <= 1e-5
+    assert max(float(a.max()) for a in out.attentions) > 0.5  # peaked
+    expected = out.logits[0] if getattr(out, "logits", None) is not None else out.pooler_output[0]
+    torch.testing.assert_close(cap.output, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_hf_preprocessing_and_labels_come_from_the_folder(tmp_path):
+    folder = save(tiny("ViTForImageClassification"), tmp_path / "vit", VIT_PROCESSOR)
+    model = attnviz.load_model(f"hf:{folder}", device="cpu")
+    assert model.labels == ("cat", "dog", "cup")
+    cfg = model.data_config
+    assert cfg["mean"] == (0.5, 0.5, 0.5) and cfg["std"] == (0.5, 0.5, 0.5)
+    assert cfg["interpolation"] == "bilinear" and cfg["crop_mode"] == "squash" and cfg["crop_pct"] == 1.0
+    assert model.size == 32 and model.name == f"hf:{folder}"
+    # the tensor is what the folder's own image processor makes of a square photo
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    ours = model.to_input(model.view(photo))
+    theirs = transformers.ViTImageProcessor(**VIT_PROCESSOR)(photo, return_tensors="pt").pixel_values
+    assert float((ours - theirs).abs().max()) < 0.05  # resampling differs slightly (torchvision vs PIL)
+
+    folder = save(tiny("Dinov2Model"), tmp_path / "dino", CROP_PROCESSOR)
+    model = attnviz.load_model(f"hf:{folder}", device="cpu")
+    cfg = model.data_config
+    assert model.size == 32 and cfg["crop_pct"] == 32 / 40 and cfg["interpolation"] == "bicubic"
+    assert cfg["crop_mode"] == "center" and cfg["std"] == (0.229, 0.224, 0.225) and model.labels is None
+
+
+def test_hf_pickles_are_refused_without_being_read(tmp_path):
+    folder = save(tiny("ViTModel"), tmp_path / "vit", VIT_PROCESSOR)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"not even read")
+    with pytest.raises(ModelError, match="pytorch_model.bin, a pickled format .* model.safetensors only"):
+        attnviz.load_model(f"hf:{folder}", device="cpu")
+
+
+def test_hf_unknown_folder_and_architecture(tmp_path):
+    with pytest.raises(ModelError, match="no Hugging Face model 'nobody/nothing' in the local cache"):
+        attnviz.load_model("hf:nobody/nothing", device="cpu")
+    folder = tmp_path / "swin"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["SwinModel"]}))
+    with pytest.raises(ModelError, match="holds a SwinModel; attnviz reads ViT, DeiT, Dinov2"):
+        attnviz.load_model(f"hf:{folder}", device="cpu")
+
+
+def test_hf_from_the_local_cache_by_repo_id(tmp_path, monkeypatch):
+    """A repo id resolves to its snapshot in the local Hugging Face cache, never the network."""
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--someone--tiny-vit" / "snapshots" / ("a" * 40)
+    save(tiny("ViTModel"), snapshot, VIT_PROCESSOR)
+    (hub / "models--someone--tiny-vit" / "refs").mkdir()
+    (hub / "models--someone--tiny-vit" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = attnviz.load_model("hf:someone/tiny-vit", device="cpu")
+    assert model.provenance.startswith("Hugging Face cache someone/tiny-vit")
+    assert capture_tensor(model, torch.randn(1, 3, 32, 32)).num_tokens == 17
