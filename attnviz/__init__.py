@@ -5,19 +5,26 @@
     >>> cap = capture(model, PIL.Image.open("cat.jpg"))
     >>> cap.weights(11, "mean").shape             # (N, N) = (197, 197)
     >>> cap.cls_map(11, 0).shape                  # (h, w) = (14, 14)
+
+Modules (``attnviz.rollout``, ``attnviz.masks``, ``attnviz.stats``, ``attnviz.relevance``) keep their
+own names here: no function is exported under a module's name, so ``from attnviz import rollout``
+gives the module. The one exception is ``capture``, the function, which shadows the module
+``attnviz.capture`` as an attribute (import from the module with ``from attnviz.capture import ...``).
 """
+from . import masks, relevance, rollout, stats
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
+from .errors import ModelError, NoClassTokenError
 from .masks import MassMask, draw_mask, mass_mask
-from .models import HUB_MODELS, Model, ModelError, load_model, wrap
+from .models import HUB_MODELS, Model, load_model, wrap
 from .relevance import RelevanceError, attention_forward, class_relevance, relevance_map
-from .rollout import cls_rollout_grid, layer_flow, rollout, rollout_map, rollout_row
+from .rollout import cls_rollout_grid, layer_flow, rollout_map, rollout_matrix, rollout_row
 from .stats import HeadStats, head_stats
 
 __all__ = [
     "Capture", "capture", "capture_tensor", "fuse_heads", "patch_grid",
-    "HUB_MODELS", "Model", "ModelError", "load_model", "wrap",
-    "MassMask", "draw_mask", "mass_mask",
-    "RelevanceError", "attention_forward", "class_relevance", "relevance_map",
-    "cls_rollout_grid", "layer_flow", "rollout", "rollout_map", "rollout_row",
-    "HeadStats", "head_stats",
+    "HUB_MODELS", "Model", "ModelError", "NoClassTokenError", "load_model", "wrap",
+    "MassMask", "draw_mask", "mass_mask", "masks",
+    "RelevanceError", "attention_forward", "class_relevance", "relevance_map", "relevance",
+    "cls_rollout_grid", "layer_flow", "rollout_map", "rollout_matrix", "rollout_row", "rollout",
+    "HeadStats", "head_stats", "stats",
 ]

@@ -33,9 +33,13 @@ class RelevanceError(ValueError):
 def _check(network: torch.nn.Module) -> None:
     blocks = getattr(network, "blocks", None)
     if blocks is None or not len(blocks):
-        raise RelevanceError(f"{type(network).__name__} has no transformer blocks.")
+        raise RelevanceError(
+            f"{type(network).__name__} is not a timm Vision Transformer; class-specific maps support plain timm ViTs only."
+        )
     for block in blocks:
         # Only the exact timm Block / Attention computation is re-implemented below.
+        # RoPE (EVA-02, DINOv3) and relative-position blocks are captured exactly (attnviz.adapters),
+        # but their gradients would need their own eager re-implementation: refused, not approximated.
         if type(block).forward is not Block.forward or type(block.attn).forward is not Attention.forward:
             raise RelevanceError(
                 f"{type(block).__name__} blocks are not timm's standard ViT block; "
@@ -93,6 +97,7 @@ def relevance_rows(attentions: list[torch.Tensor], gradients: list[torch.Tensor]
 
 def class_relevance(model: Model, x: torch.Tensor, class_index: int) -> np.ndarray:
     """(N, N) relevance matrix R of class ``class_index`` for the (1, 3, S, S) input ``x``."""
+    _check(model.network)
     if model.labels is None or getattr(model.network, "num_classes", 0) <= 0:
         raise RelevanceError(
             f"{model.name} has no classifier head, so there is no class score to explain."
@@ -108,5 +113,7 @@ def class_relevance(model: Model, x: torch.Tensor, class_index: int) -> np.ndarr
 
 def relevance_map(model: Model, cap: Capture, class_index: int) -> np.ndarray:
     """(h, w): the class token's row of R over the patches, for the capture's input."""
+    if not cap.has_class_token:
+        raise RelevanceError(f"{model.name} has no class token, and this map is the class token's row of R.")
     relevance = class_relevance(model, cap.input, class_index)
     return patch_grid(relevance[0], cap.grid, cap.num_prefix_tokens)

@@ -9,11 +9,15 @@
   part of the attention that goes to prefix tokens is reported separately as:
 - **Prefix share**: the fraction of the CLS row that goes to the prefix tokens (CLS itself and
   registers) rather than to patches.
+
+A model without a class token has no CLS row. There, entropy and prefix share are the mean over the
+patch query rows of each row's value, and ``HeadStats.rows`` says ``"patch_mean"`` instead of ``"cls"``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -29,6 +33,7 @@ class HeadStats:
     num_tokens: int
     patch_px: float
     uniform_distance: float  # the mean distance if every patch attended to all patches equally
+    rows: Literal["cls", "patch_mean"] = "cls"  # whose rows entropy and prefix share describe
 
     @property
     def max_entropy(self) -> float:
@@ -64,14 +69,20 @@ def mean_distance(
 def head_stats(cap: Capture) -> HeadStats:
     """Entropy, mean distance and prefix share for every layer and head of a capture."""
     patch_px = cap.input.shape[-1] / cap.grid[1]
+    p = cap.num_prefix_tokens
     ent, dist, share = [], [], []
     for layer in range(cap.num_layers):
         weights = cap.layer_weights(layer)  # (H, N, N)
-        cls_rows = weights[:, 0]  # (H, N)
-        ent.append(entropy(cls_rows))
-        dist.append(mean_distance(weights, cap.grid, cap.num_prefix_tokens, patch_px))
-        share.append(cls_rows[:, : cap.num_prefix_tokens].sum(-1))
+        if cap.has_class_token:
+            cls_rows = weights[:, 0]  # (H, N)
+            ent.append(entropy(cls_rows))
+            share.append(cls_rows[:, :p].sum(-1))
+        else:  # no class token: the mean over the patch query rows, never patch 0's row alone
+            ent.append(entropy(weights[:, p:]).mean(-1))
+            share.append(weights[:, p:, :p].sum(-1).mean(-1))
+        dist.append(mean_distance(weights, cap.grid, p, patch_px))
     as_array = lambda xs: torch.stack(xs).cpu().double().numpy()  # noqa: E731
     centres = patch_centres(cap.grid, patch_px)
     uniform = float(torch.cdist(centres, centres).mean())
-    return HeadStats(as_array(ent), as_array(dist), as_array(share), cap.num_tokens, float(patch_px), uniform)
+    rows = "cls" if cap.has_class_token else "patch_mean"
+    return HeadStats(as_array(ent), as_array(dist), as_array(share), cap.num_tokens, float(patch_px), uniform, rows)

@@ -126,3 +126,15 @@ def test_rows_with_bias_equal_matrix_rows():
     cap = capture_tensor(model, torch.randn(1, 3, 64, 64))
     for head in (0, 5, "mean"):
         np.testing.assert_allclose(cap.row(1, head, 7), cap.weights(1, head)[7], atol=1e-7)
+
+
+def test_dynamic_size_dinov3_at_another_size_is_exact():
+    """DINOv3 is built with dynamic_img_size: at 80 px (not its 64) timm recomputes RoPE for a 5 × 5
+    grid, and the capture follows it exactly."""
+    name, kwargs = FAMILIES["dinov3"]
+    network = build(name, kwargs)
+    model = attnviz.wrap(network, name, "random init", 80)
+    x = torch.randn(1, 3, 80, 80, generator=torch.Generator().manual_seed(3))
+    cap = capture_tensor(model, x)
+    assert cap.grid == (5, 5) and cap.num_tokens == 5 + 25  # class token + 4 registers + 25 patches
+    assert worst(cap, eager_weights(network, x)) <= 1e-5
