@@ -28,7 +28,7 @@ class Context:
     fit: str
 
 
-from . import cls, heads, mask, matrix, query, relevance, rollout, stats  # noqa: E402  (views import Context from here)
+from . import cls, heads, mask, matrix, norms, query, relevance, rollout, stats  # noqa: E402  (views import Context from here)
 
 VIEWS: dict[str, Callable[[Context], None]] = {
     "cls": cls.show,
@@ -39,4 +39,5 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "mask": mask.show,
     "stats": stats.show,
     "relevance": relevance.show,
+    "norms": norms.show,
 }

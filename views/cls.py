@@ -1,4 +1,5 @@
-"""The class token's attention over the patches, laid on the photo."""
+"""The class token's attention over the patches, laid on the photo; for a model without a class
+token, the stated alternative (the mean attention each patch receives), labelled as such."""
 from __future__ import annotations
 
 import altair as alt
@@ -10,20 +11,38 @@ from ui import t
 
 from . import Context
 from .common import download_png, enlarge, head_label, heatmap
+from .norms import mark_high_norm, norm_sentence
+
+
+def no_class_token_note(cap) -> None:
+    """Say once, where a map would be the class token's, what is shown instead."""
+    if not cap.has_class_token:
+        st.info(t("families.no_cls_note", p=cap.num_tokens - cap.num_prefix_tokens))
 
 
 def show(ctx: Context) -> None:
     cap = ctx.cap
-    cls_map = cap.cls_map(ctx.layer, ctx.head)  # (h, w)
-    picture = enlarge(render.overlay(ctx.view, cls_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    grid_map = cap.summary_map(ctx.layer, ctx.head)  # (h, w): the CLS row, or the mean received without one
+    picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    picture = mark_high_norm(picture, cap, ctx.layer)
+    patches = cap.num_tokens - cap.num_prefix_tokens
     left, right = st.columns([3, 2], gap="large")
     with left:
-        st.subheader(t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head)))
-        heatmap(picture, cls_map, ctx.cmap, t("view.caption", h=cap.grid[0], w=cap.grid[1]))
+        if cap.has_class_token:
+            st.subheader(t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head)))
+            heatmap(picture, grid_map, ctx.cmap, t("view.caption", h=cap.grid[0], w=cap.grid[1]))
+        else:
+            no_class_token_note(cap)
+            st.subheader(t("families.no_cls_title", layer=ctx.layer + 1, head=head_label(ctx.head)))
+            heatmap(picture, grid_map, ctx.cmap, t("families.no_cls_caption", h=cap.grid[0], w=cap.grid[1], p=patches))
         with st.expander(t("view.reading")):
-            reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens)
-            if cap.num_prefix_tokens <= 1:  # registers are extra prefix tokens besides the class token
-                reading = reading.rstrip() + "\n- " + t("view.no_registers")
+            if cap.has_class_token:
+                reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens)
+            else:
+                reading = t("families.no_cls_reading_body", p=patches, uniform=1 / patches)
+            sentence = norm_sentence(cap, ctx.layer)  # what this capture shows, not what models often do
+            if sentence:
+                reading = reading.rstrip() + "\n- " + sentence
             st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
         download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")

@@ -91,7 +91,7 @@ def head_part(head) -> str:
 
 def token_label(index: int, num_prefix_tokens: int, grid: tuple[int, int], short: bool = False) -> str:
     """CLS, register k, or patch (row, column), 1-based as a person counts."""
-    if index == 0:
+    if index == 0 and num_prefix_tokens > 0:  # with no prefix tokens, token 0 is the first patch
         return "CLS" if short else t("analysis.cls_token")
     if index < num_prefix_tokens:
         return f"reg {index}" if short else t("analysis.register", k=index)

@@ -11,6 +11,7 @@ from attnviz import render
 from ui import t
 
 from . import Context
+from .cls import no_class_token_note
 from .common import QUERY_COLOUR, data_url, download_png, selected_points
 
 CHART_KEY = "heads_chart"
@@ -23,7 +24,10 @@ def cls_maps(cap) -> np.ndarray:
     h, w = cap.grid
     maps = []
     for layer in range(cap.num_layers):
-        rows = cap.layer_rows(layer, 0)  # (H, N): only the CLS rows are computed
+        if cap.has_class_token:
+            rows = cap.layer_rows(layer, 0)  # (H, N): only the CLS rows are computed
+        else:  # no class token: the mean attention each token receives from the patch queries
+            rows = cap.layer_weights(layer)[:, cap.num_prefix_tokens:].mean(1)  # (H, N)
         rows = np.concatenate([rows.cpu().numpy(), rows.mean(0, keepdim=True).cpu().numpy()])
         maps.append(rows[:, cap.num_prefix_tokens:].reshape(-1, h, w))
     return np.stack(maps)
@@ -64,6 +68,7 @@ def montage(tiles: list[list[Image.Image]], chosen: tuple[int, int], gap: int = 
 def show(ctx: Context) -> None:
     cap = ctx.cap
     num_layers, num_heads = cap.num_layers, cap.num_heads
+    no_class_token_note(cap)  # the maps below are not a class token's when it has none
     st.subheader(t("analysis.heads.title", layers=num_layers, heads=num_heads))
     st.caption(t("analysis.heads.caption"))
     maps = cls_maps(cap)  # (L, H + 1, h, w)

@@ -8,6 +8,7 @@ from attnviz.masks import DEFAULT_MASS, draw_mask, mass_mask
 from ui import t
 
 from . import Context
+from .cls import no_class_token_note
 from .common import download_png, enlarge, head_label, head_part
 
 ONE, HEADS = "one", "heads"
@@ -17,6 +18,7 @@ THUMB_PX = 224
 def show(ctx: Context) -> None:
     cap = ctx.cap
     h, w = cap.grid
+    no_class_token_note(cap)  # the maps below are not a class token's when it has none
     st.markdown(t("analysis.mask.explain"))
     c1, c2 = st.columns([3, 2])
     percent = c1.slider(t("analysis.mask.mass"), 5, 99, round(DEFAULT_MASS * 100), 1, key="mask_mass")
@@ -26,7 +28,7 @@ def show(ctx: Context) -> None:
     )
     st.subheader(t("analysis.mask.title", mass=percent))
     if source == ONE:
-        mask = mass_mask(cap.cls_map(ctx.layer, ctx.head), percent / 100)
+        mask = mass_mask(cap.summary_map(ctx.layer, ctx.head), percent / 100)
         picture = enlarge(draw_mask(ctx.view, mask.keep))
         st.image(picture, caption=f"{t('view.layer')} {ctx.layer + 1}, {head_label(ctx.head)}")
         st.markdown(t(
@@ -39,7 +41,7 @@ def show(ctx: Context) -> None:
         thumbs = []
         columns = st.columns(per_row)
         for head in range(cap.num_heads):
-            mask = mass_mask(cap.cls_map(ctx.layer, head), percent / 100)
+            mask = mass_mask(cap.summary_map(ctx.layer, head), percent / 100)
             thumb = draw_mask(ctx.view, mask.keep).resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
             thumbs.append(thumb)
             columns[head % per_row].image(thumb, caption=t("analysis.mask.head_caption", n=head + 1, count=mask.count))

@@ -11,6 +11,7 @@ from attnviz.rollout import rollout_map
 from ui import t
 
 from . import Context
+from .cls import no_class_token_note
 from .common import colour_scale, download_png, enlarge, remember
 
 
@@ -24,6 +25,7 @@ def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.
 def show(ctx: Context) -> None:
     cap = ctx.cap
     last_layer = cap.num_layers
+    no_class_token_note(cap)  # the maps below are not a class token's when it has none
     st.markdown(t("analysis.rollout.explain"))
     c1, c2, c3 = st.columns([3, 2, 2])
     first, last = c1.slider(t("analysis.rollout.layers"), 1, last_layer, (1, last_layer), key="rollout_layers")
@@ -36,7 +38,7 @@ def show(ctx: Context) -> None:
     )
     args = (first, last, fusion, discard)
     rolled = remember("rollout", cap, args, lambda: rollout_map(cap, first - 1, last - 1, fusion, discard))  # (h, w)
-    raw = cap.cls_map(last - 1, fusion)  # (h, w)
+    raw = cap.summary_map(last - 1, fusion)  # (h, w): the CLS row, or the mean received without a class token
     st.subheader(t("analysis.rollout.title", first=first, last=last, fusion=t(f"view.head_{fusion}")))
 
     pictures = []
