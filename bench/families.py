@@ -1,0 +1,61 @@
+"""``python -m bench.families``: what capture costs for each attention family, against the floor.
+
+Each family's ViT-S-sized model (random init: the cost does not depend on the weights) at 224 px:
+timm's own fused forward (the floor) vs attnviz's capture (fused forward + q/k/norm hooks + the
+RoPE rotation or the shared bias). Medians over interleaved runs. Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import timm
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import attnviz  # noqa: E402
+from attnviz.capture import capture_tensor  # noqa: E402
+from bench.__main__ import medians  # noqa: E402
+
+MODELS = {
+    "timm ViT": "vit_small_patch16_224",
+    "timm RoPE (EVA-02)": "eva02_small_patch14_224",
+    "timm RoPE (DINOv3)": "vit_small_patch16_dinov3",
+    "timm RoPE (vit_*_rope)": "vit_small_patch16_rope_224",
+    "timm relative position": "vit_relpos_small_patch16_224",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.families")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    print(f"| family | model | N | timm fused forward (floor) | attnviz capture |")
+    print("|---|---|---|---|---|")
+    for family, name in MODELS.items():
+        size = args.size - args.size % (14 if "patch14" in name else 16)
+        network = timm.create_model(name, pretrained=False, img_size=size)
+        model = attnviz.wrap(network, name, "random init", size, device=args.device)
+        x = torch.randn(1, 3, size, size, device=args.device)
+
+        def sync(fn):
+            def run():
+                fn()
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+            return run
+
+        with torch.inference_mode():
+            t = medians({"floor": sync(lambda: model.network(x)), "capture": sync(lambda: capture_tensor(model, x))},
+                        args.repeats)
+        print(f"| {family} | {name} | {model.num_tokens} | {t['floor'] * 1000:.0f} ms | "
+              f"{t['capture'] * 1000:.0f} ms ({t['capture'] / t['floor']:.2f}×) |")
+
+
+if __name__ == "__main__":
+    main()
