@@ -71,7 +71,8 @@ def show(ctx: Context) -> None:
               scale=alt.Scale(domain=[0.5, cap.num_layers + 0.5], nice=False))
     lines = alt.Chart(data).mark_line(point=True).encode(
         x=x, y=alt.Y("ratio:Q", title=t("families.norms_ratio_axis")),
-        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top")),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
+                        sort=[t("families.norms_max"), t("families.norms_p99")]),
         tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("series:N"), alt.Tooltip("ratio:Q", format=".2f")],
     )
     rule = pd.DataFrame([{"y": HIGH_NORM_RATIO, "label": t("families.norms_threshold", ratio=HIGH_NORM_RATIO)}])
