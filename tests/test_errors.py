@@ -176,3 +176,18 @@ def test_package_names_are_not_shadowed_modules():
     for module in (masks, relevance, rollout, stats):
         assert isinstance(module, types.ModuleType)
     assert callable(rollout.rollout_map) and callable(attnviz.rollout_matrix)
+
+
+def test_relevance_refuses_without_a_class_token_and_for_rope():
+    from attnviz.relevance import RelevanceError, relevance_map
+
+    network = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                                class_token=False, global_pool="avg", num_classes=3)
+    model = attnviz.wrap(network, "nocls", "random", 32)
+    cap = capture_tensor(model, torch.randn(1, 3, 32, 32))
+    with pytest.raises(RelevanceError, match="nocls has no class token, and this map is the class token's row of R."):
+        relevance_map(model, cap, 0)
+    rope = attnviz.wrap(timm.create_model("vit_small_patch16_rope_224", pretrained=False, img_size=32, depth=1,
+                                          num_classes=3), "rope", "random", 32)
+    with pytest.raises(RelevanceError, match="are not timm's standard ViT block"):
+        relevance_map(rope, capture_tensor(rope, torch.randn(1, 3, 32, 32)), 0)
