@@ -222,7 +222,7 @@ def _check_input(model: Model, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"capture_tensor() takes a (1, 3, S, S) torch tensor, not {type(x).__name__}")
     s = model.size
-    if x.ndim != 4 or x.shape[1] != 3:
+    if x.ndim != 4:
         raise ValueError(f"capture_tensor() takes a (1, 3, {s}, {s}) tensor, not one of shape {tuple(x.shape)}")
     if x.shape[0] != 1:
         raise ValueError(f"capture_tensor() takes one image, not a batch of {x.shape[0]}: capture each image on its own")

@@ -191,3 +191,11 @@ def test_relevance_refuses_without_a_class_token_and_for_rope():
                                           num_classes=3), "rope", "random", 32)
     with pytest.raises(RelevanceError, match="are not timm's standard ViT block"):
         relevance_map(rope, capture_tensor(rope, torch.randn(1, 3, 32, 32)), 0)
+
+
+def test_blocks_without_one_attention_module_are_refused():
+    from timm.models.vision_transformer import ParallelScalingBlock
+
+    network = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, block_fn=ParallelScalingBlock)
+    with pytest.raises(ModelError, match="ParallelScalingBlock blocks have no single attention module attnviz knows"):
+        attnviz.wrap(network, "parallel", "random", 32)

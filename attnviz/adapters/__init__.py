@@ -48,7 +48,15 @@ def adapter_for(network: torch.nn.Module, size: int) -> Adapter:
             f"{type(network).__name__} is not a Vision Transformer attnviz can read "
             "(it has no patch embedding and transformer blocks)."
         )
+    if type(network).__name__ == "NaFlexVit":  # variable-size patch sequences, masked attention
+        raise ModelError("NaFlexViT masks its attention over padded patches, which attnviz cannot reproduce exactly yet.")
     attns = [getattr(block, "attn", None) for block in blocks]
+    if any(a is None for a in attns):
+        block = next(b for b, a in zip(blocks, attns) if a is None)
+        raise ModelError(
+            f"{type(block).__name__} blocks have no single attention module attnviz knows, so it refuses "
+            f"{type(network).__name__} rather than show attention weights that may be wrong."
+        )
     kinds = {type(a) for a in attns}
     for family in TIMM_FAMILIES:
         if kinds <= set(family.ATTENTION):
