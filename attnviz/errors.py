@@ -3,3 +3,7 @@
 
 class ModelError(RuntimeError):
     """A model could not be loaded."""
+
+
+class HubUnavailable(ModelError):
+    """A hub model that is not in this computer's cache and cannot (or may not) be downloaded now."""

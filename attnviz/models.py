@@ -21,7 +21,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from . import offline
-from .errors import ModelError
+from .errors import HubUnavailable, ModelError
 
 DEFAULT_SIZE = 196
 HUB_MODELS = (
@@ -197,7 +197,7 @@ def _cached_hub_file(name: str) -> str | None:
     return None
 
 
-def _load_hub(name: str, size: int | None, device: torch.device) -> Model:
+def _load_hub(name: str, size: int | None, device: torch.device, download: bool = True) -> Model:
     if not timm.is_model(name.split(".")[0]):
         raise ModelError(f"timm has no model called {name!r}.")
     cached = _cached_hub_file(name)
@@ -205,8 +205,10 @@ def _load_hub(name: str, size: int | None, device: torch.device) -> Model:
     try:
         if cached is not None:
             network = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached}, **kwargs)
+        elif not download:
+            raise HubUnavailable(f"{name} is not in the local cache and downloads are off.")
         elif os.environ.get("HF_HUB_OFFLINE") or not _hub_reachable():
-            raise ModelError(
+            raise HubUnavailable(
                 f"{name} is not in the local cache and the model hub cannot be reached; "
                 "staying on the offline default model."
             )
@@ -243,6 +245,7 @@ def load_model(
     *,
     checkpoint: str | Path | None = None,
     device: str | torch.device | None = None,
+    download: bool = True,
 ) -> Model:
     """Load a ViT ready for :func:`attnviz.capture`.
 
@@ -253,6 +256,7 @@ def load_model(
             model (14 × 14 patches, N = 197), the model's own size otherwise.
         checkpoint: a local ``.safetensors`` state dict for architecture ``name``.
         device: ``"cpu"``, ``"cuda"``; the GPU when there is one by default.
+        download: ``False`` never downloads: a hub model must already be in the local cache.
     """
     device = torch.device(device) if device is not None else default_device()
     if checkpoint is not None:
@@ -262,5 +266,5 @@ def load_model(
     elif name is None or name == offline.ARCH:
         model = _load_default(size or DEFAULT_SIZE, device)
     else:
-        model = _load_hub(name, size, device)
+        model = _load_hub(name, size, device, download)
     return model
