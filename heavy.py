@@ -23,7 +23,8 @@ T = TypeVar("T")
 def _session_alive(owner: Hashable) -> bool:
     from streamlit.runtime import Runtime
 
-    return not Runtime.exists() or Runtime.instance().is_active_session(str(owner))
+    session_id, _ = owner
+    return not Runtime.exists() or Runtime.instance().is_active_session(session_id)
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
@@ -36,11 +37,16 @@ def queue() -> JobQueue:
     return shared_queue(ui.owner_policy().heavy_jobs)
 
 
-def _session_id() -> str:
+def _owner() -> tuple[str, str]:
+    """This browser session: Streamlit's session id (to ask whether it is still connected) and a token of
+    our own (test sessions all share one id)."""
+    import uuid
+
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     ctx = get_script_run_ctx()
-    return ctx.session_id if ctx is not None else "no-session"
+    token = st.session_state.setdefault("_heavy_owner", uuid.uuid4().hex)
+    return (ctx.session_id if ctx is not None else "", token)
 
 
 def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], working: str) -> T:
@@ -51,7 +57,7 @@ def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], workin
             return compute()
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
-    jobs, owner, key = queue(), _session_id(), (kind, cap_key, args)
+    jobs, owner, key = queue(), _owner(), (kind, cap_key, args)
     place = st.empty()
     for _ in range(3):
         job = jobs.submit(key, compute, owner)
