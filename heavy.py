@@ -64,14 +64,15 @@ def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], workin
         if job.done() and job.state == "done":
             return job.result()
         try:
+            # Every element call below is also where Streamlit stops a run whose session has gone.
+            while job.state == "waiting":
+                place.info(t("jobs.waiting", place=jobs.ahead(job) + 1, running=jobs.running, slots=jobs.workers),
+                           icon=":material/hourglass_top:")
+                jobs.wait(job, POLL_S)
+            place.empty()
             with st.spinner(working):
                 while not jobs.wait(job, POLL_S):
-                    # Every element call is also where Streamlit stops a run whose session has gone.
-                    if job.state == "waiting":
-                        place.info(t("jobs.waiting", place=jobs.ahead(job) + 1, running=jobs.running,
-                                     slots=jobs.workers))
-                    else:
-                        place.empty()
+                    place.empty()
         except StopException:
             jobs.leave(owner)
             raise
@@ -80,5 +81,4 @@ def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], workin
             return job.result()
         except JobCancelled:  # dropped between two polls (this session asked for another job): ask again
             continue
-    with st.spinner(working):  # dropped again and again: compute it here rather than wait forever
-        return compute()
+    st.stop()  # dropped again and again: this session is gone (its jobs are dropped for that), so draw nothing
