@@ -235,7 +235,11 @@ def _not_loaded(error: attnviz.ModelError, settings: Settings, shown: str) -> st
         return t("serving.over_budget", model=model, params=error.params / 1e6, limit=error.limit / 1e6, shown=shown)
     if isinstance(error, HubUnavailable):
         return t("serving.hub_unavailable", model=model, shown=shown)
-    return t("serving.not_loaded", model=model, reason=escape_markdown(str(error)), shown=shown)
+    reason = str(error)
+    for secret in (settings.checkpoint, settings.name[3:] if (settings.name or "").startswith("hf:") else None):
+        if secret:  # a visitor sees the owner's file or folder by name, never where it is on the server
+            reason = reason.replace(secret, Path(secret).name)
+    return t("serving.not_loaded", model=model, reason=escape_markdown(reason), shown=shown)
 
 
 def load(settings: Settings) -> attnviz.Model:

@@ -229,11 +229,17 @@ def check_budget(what: str, params: int, limit: int) -> None:
         raise OverBudget(what, params, limit)
 
 
-def hub_cached(name: str) -> bool:
-    """Is hub model ``name`` already in this computer's Hugging Face cache (so loading it downloads nothing)?"""
+def hub_file(name: str) -> str | None:
+    """The weights file of hub model ``name`` in this computer's Hugging Face cache (its path names the
+    snapshot, so it changes with the content), or None when it is not cached."""
     from .models import _cached_hub_file
 
     try:
-        return _cached_hub_file(name) is not None
+        return _cached_hub_file(name)
     except Exception:  # an odd cache layout or name: treat as not cached
-        return False
+        return None
+
+
+def hub_cached(name: str) -> bool:
+    """Is hub model ``name`` already cached here (so loading it downloads nothing)?"""
+    return hub_file(name) is not None
