@@ -280,13 +280,15 @@ def test_ten_sessions_press_the_removal_test_at_once(monkeypatch):
 
 
 
-def test_a_failed_checkpoint_names_the_file_but_never_its_place_on_the_server(owner_folder):
-    (owner_folder / "vit_small_patch16_224--wrong.safetensors").write_bytes(
-        (owner_folder / "vit_tiny_patch16_224--class.safetensors").read_bytes())  # tiny weights, small architecture
+def test_a_failed_checkpoint_names_the_file_but_never_its_place_on_the_server(owner_folder, monkeypatch):
+    gone = owner_folder / "vit_tiny_patch16_224--gone.safetensors"  # listed, then deleted before it loads
+    listed = serving.list_checkpoints(owner_folder)
+    monkeypatch.setattr(serving, "list_checkpoints", lambda folder: (
+        *listed, serving.Checkpoint(gone.name, "vit_tiny_patch16_224", gone)))
     at = page()
-    at.selectbox(key="model_choice").set_value("ckpt:vit_small_patch16_224--wrong.safetensors").run()
-    [warning] = [plain(w.value) for w in at.warning]
-    assert warning.startswith("Checkpoint: vit_small_patch16_224--wrong.safetensors could not be loaded, so the "
-                              f"page stays on “{DEFAULT}”: vit_small_patch16_224--wrong.safetensors does not fit")
-    assert str(owner_folder) not in warning
+    at.selectbox(key="model_choice").set_value(f"ckpt:{gone.name}").run()
+    assert [plain(w.value) for w in at.warning] == [
+        f"Checkpoint: {gone.name} could not be loaded, so the page stays on “{DEFAULT}”: "
+        f"No checkpoint file at {gone.name}."
+    ]
     assert at.selectbox(key="model_choice").value == "default" and not at.exception
