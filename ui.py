@@ -221,9 +221,11 @@ def model_settings() -> Settings:
     devices = ["cpu", "cuda"] if attnviz.models.torch.cuda.is_available() else ["cpu"]
     device = side.selectbox(t("model.device"), devices, key="device") if len(devices) > 1 else "cpu"
     if choice in checkpoints:
-        try:
-            content = content_key(checkpoints[choice])
-        except OSError:  # removed or unreadable since it was listed: loading it will say so
+        entry = checkpoints[choice]
+        try:  # never read through a file the budget will refuse (a 7B checkpoint is 28 GB)
+            if serving.checkpoint_parameters(entry.files()) <= owner.max_params:
+                content = content_key(entry)
+        except (OSError, ModelError):  # removed or damaged since it was listed: loading it will say so
             content = None
     return Settings(name, size, checkpoint, device, fit, content, choice, model_label(choice))
 
@@ -255,7 +257,7 @@ def load(settings: Settings) -> attnviz.Model:
             model = cached_model(*settings.key, _download=owner.allow_downloads)
         except attnviz.ModelError as e:
             shown = st.session_state.get("_shown_model", ("default", DEFAULT_SIZES[0]))
-            if shown[0] == settings.choice:
+            if shown == (settings.choice, settings.size):
                 shown = ("default", DEFAULT_SIZES[0])
             if settings.name is None:
                 raise  # the default itself failed: nothing to go back to

@@ -292,3 +292,23 @@ def test_a_failed_checkpoint_names_the_file_but_never_its_place_on_the_server(ow
         f"No checkpoint file at {gone.name}."
     ]
     assert at.selectbox(key="model_choice").value == "default" and not at.exception
+
+
+def test_a_checkpoint_over_budget_is_refused_from_its_header_and_never_read(owner_folder, monkeypatch):
+    import json
+    import struct
+
+    import ui
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4096, 4096, 400], "data_offsets": [0, 4 * 4096 * 4096 * 400]}})
+    big = owner_folder / "vit_tiny_patch16_224--7b.safetensors"  # a small architecture, a 27 GB header
+    big.write_bytes(struct.pack("<Q", len(header)) + header.encode())
+    hashed = []
+    monkeypatch.setattr(ui, "file_digest", lambda *args: hashed.append(args) or "x")
+    at = page()
+    at.selectbox(key="model_choice").set_value(f"ckpt:{big.name}").run()
+    assert [plain(w.value) for w in at.warning] == [
+        f"Checkpoint: {big.name} has 6,711 million parameters, more than this server allows (100 million), so the "
+        f"page stays on “{DEFAULT}”."
+    ]
+    assert hashed == [] and at.selectbox(key="model_choice").value == "default"
