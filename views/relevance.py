@@ -5,10 +5,11 @@ import streamlit as st
 
 from attnviz import render
 from attnviz.relevance import RelevanceError, relevance_map
+import heavy
 from ui import t
 
 from . import Context
-from .common import colour_scale, download_png, enlarge, remember
+from .common import colour_scale, download_png, enlarge
 
 TOP = 5
 
@@ -35,9 +36,10 @@ def show(ctx: Context) -> None:
     )
     cap = ctx.cap
     try:
-        with st.spinner(t("analysis.relevance.computing")):
-            compute = lambda: relevance_map(ctx.model, cap, index)  # noqa: E731
-            grid_map = remember(f"relevance{index}", cap, (ctx.model.name,), compute)
+        grid_map = heavy.run(  # a forward and a backward pass: shared and bounded across sessions
+            "relevance", ctx.cap_key, (index,), lambda: relevance_map(ctx.model, cap, index),
+            t("analysis.relevance.computing"),
+        )
     except RelevanceError as e:
         st.info(t("analysis.relevance.disabled", reason=str(e)))
         return

@@ -8,11 +8,12 @@ from PIL import Image
 from attnviz import render
 from attnviz.capture import HEAD_FUSIONS
 from attnviz.rollout import rollout_map
+import heavy
 from ui import t
 
 from . import Context
 from .cls import no_class_token_note
-from .common import colour_scale, download_png, enlarge, remember
+from .common import colour_scale, download_png, enlarge
 
 
 def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.Image:
@@ -37,7 +38,10 @@ def show(ctx: Context) -> None:
         help=t("analysis.rollout.discard_help"), format="%.2f",
     )
     args = (first, last, fusion, discard)
-    rolled = remember("rollout", cap, args, lambda: rollout_map(cap, first - 1, last - 1, fusion, discard))  # (h, w)
+    rolled = heavy.run(  # (h, w); ~2 s at 518 px: shared and bounded across sessions
+        "rollout", ctx.cap_key, args, lambda: rollout_map(cap, first - 1, last - 1, fusion, discard),
+        t("jobs.rollout"),
+    )
     raw = cap.summary_map(last - 1, fusion)  # (h, w): the CLS row, or the mean received without a class token
     st.subheader(t("analysis.rollout.title", first=first, last=last, fusion=t(f"view.head_{fusion}")))
 

@@ -6,10 +6,11 @@ import pandas as pd
 import streamlit as st
 
 from attnviz.stats import HeadStats, head_stats
+import heavy
 from ui import t
 
 from . import Context
-from .common import download_file, figure_png, remember
+from .common import download_file, figure_png
 
 PANELS = ("distance", "entropy", "prefix")
 
@@ -73,7 +74,8 @@ def export_figure(
 
 def show(ctx: Context) -> None:
     cap = ctx.cap
-    stats = remember("stats", cap, (), lambda: head_stats(cap))
+    # ~1.6 s at 518 px: shared and bounded across sessions
+    stats = heavy.run("stats", ctx.cap_key, (), lambda: head_stats(cap), t("jobs.stats"))
     data = table(stats)
     st.subheader(t("analysis.stats.title"))
     st.markdown(t("analysis.stats.explain"))
