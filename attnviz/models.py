@@ -268,7 +268,7 @@ def _load_checkpoint(arch: str, checkpoint: Path, size: int | None, device: torc
     except Exception as e:
         raise ModelError(f"{checkpoint.name} does not fit {arch}: {str(e).splitlines()[0][:200]}") from e
     size = network.patch_embed.img_size[0] if size is None else size
-    return wrap(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint}", size, device)
+    return wrap(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint.name}", size, device)
 
 
 def _load_hf(spec: str, size: int | None, device: torch.device) -> Model:
