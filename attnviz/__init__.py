@@ -7,6 +7,8 @@
     >>> cap.cls_map(11, 0).shape                  # (h, w) = (14, 14)
 """
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
+from .export import load_capture, save_capture
+from .html import show
 from .masks import MassMask, draw_mask, mass_mask
 from .models import HUB_MODELS, Model, ModelError, load_model, wrap
 from .relevance import RelevanceError, attention_forward, class_relevance, relevance_map
@@ -20,4 +22,6 @@ __all__ = [
     "RelevanceError", "attention_forward", "class_relevance", "relevance_map",
     "cls_rollout_grid", "layer_flow", "rollout", "rollout_map", "rollout_row",
     "HeadStats", "head_stats",
+    "load_capture", "save_capture", "show",
 ]
+__version__ = "0.1.0"

@@ -8,6 +8,7 @@ on demand: softmax((q · scale) @ kᵀ), with the precision explained at ``_soft
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch
 from PIL import Image
 
 from .models import Fit, Model
+from .preparation import Preparation, preparation
 
 Head = Union[int, Literal["mean", "max", "min"]]
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -39,6 +41,7 @@ class Capture:
     input: torch.Tensor  # (1, 3, S, S): the exact tensor the model received
     output: torch.Tensor  # (C,): logits for a classifier, pooled features otherwise
     seconds: float  # wall time of the forward pass with capture
+    prepared: Preparation | None = None  # model name and how the photo became ``input``
 
     @property
     def num_layers(self) -> int:
@@ -93,6 +96,19 @@ class Capture:
     def all_weights(self) -> np.ndarray:
         """(L, H, N, N) float32: every weight. Large: 540 MB at 518 px for ViT-S."""
         return np.stack([self.layer_weights(i).cpu().numpy() for i in range(self.num_layers)])
+
+    def __repr__(self) -> str:
+        model = f"{self.prepared.model}, " if self.prepared is not None else ""
+        h, w = self.grid
+        return (f"Capture({model}{self.num_layers} layers × {self.num_heads} heads, N = {self.num_tokens} "
+                f"({self.num_prefix_tokens} prefix + {h}×{w} patches), d_k = {self.query.shape[-1]}, "
+                f"{self.nbytes / 2**20:.1f} MB)")
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows a capture as the interactive page :func:`attnviz.show` gives."""
+        from .html import notebook_html
+
+        return notebook_html(self)
 
 
 def _softmax_scores(query: torch.Tensor, key: torch.Tensor, scale: float) -> torch.Tensor:
@@ -178,9 +194,11 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
         input=x,
         output=output[0],
         seconds=seconds,
+        prepared=preparation(model, None),
     )
 
 
 def capture(model: Model, image: Image.Image, fit: Fit = "crop") -> Capture:
     """Preprocess ``image`` as ``model`` expects and capture its attention (see :class:`Capture`)."""
-    return capture_tensor(model, model.to_input(model.view(image, fit)))
+    cap = capture_tensor(model, model.to_input(model.view(image, fit)))
+    return dataclasses.replace(cap, prepared=preparation(model, fit))
