@@ -77,11 +77,13 @@ def check_device(device: str | None) -> str | None:
     return device
 
 
-def output_folder(name: str) -> Path:
+def output_folder(name: str, create: bool = True) -> Path:
     """``--out`` as an existing or new folder, or a one-line reason it cannot be one."""
     out = Path(name)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {name} is a file, not a folder; name a folder (it is created if missing).")
+    if not create:
+        return out
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -97,11 +99,12 @@ def export(args: argparse.Namespace) -> int:
             raise UsageError("--dtype float16 applies to --format full only; the queries and keys stay float32 "
                              "(the logits reach ~300, where float16 would change the weights).")
         device = check_device(args.device)
-        out = output_folder(args.out)
+        output_folder(args.out, create=False)  # a file in the way is said before the model loads
         try:
             model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=device)
         except ModelError as e:
             raise UsageError(f"{e} Nothing was exported.") from None
+        out = output_folder(args.out)
         weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
