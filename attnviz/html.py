@@ -46,6 +46,14 @@ def all_rows_bytes(cap: Capture) -> int:
     return cap.num_layers * (cap.num_heads + 3) * cap.num_tokens * h * w
 
 
+def estimated_mb(cap: Capture) -> float:
+    """About how large :func:`page` will be, in MB, without building it (gzip keeps ~57 % of the rows)."""
+    h, w = cap.grid
+    rows = all_rows_bytes(cap) if all_rows_bytes(cap) <= ALL_ROWS_BYTES else cap.num_layers * (cap.num_heads + 3) * h * w
+    photo = 3 * cap.input.shape[-1] ** 2 * 0.6  # PNG of the S × S photo
+    return (rows * 0.57 + photo) * 4 / 3 / 1e6 + 0.05
+
+
 def _quantise(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(..., P) float → (uint8 levels, lo, hi): 256 levels between each row's min and max, as render.colorize."""
     rows = rows.float()

@@ -218,3 +218,32 @@ def test_cli_writes_html_and_gif(tmp_path, monkeypatch, capsys):
     page = (out / "cat.html").read_text(encoding="utf-8")
     assert '<html lang="zh-TW">' in page and "cat.jpg：Vision Transformer 在看哪裡" in page
     assert Image.open(out / "cat_layers.gif").n_frames == 2
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_page_downloads_the_interactive_page_and_the_sweep(tmp_path, real_model, real_cap):
+    """The real app: 'Download interactive page' gives this photo's page in the page's language; the GIF has L frames."""
+    from serve import streamlit_server
+
+    with streamlit_server() as (url, _proc), chromium() as b:
+        page = b.new_page(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+        page.goto(url)
+        button = page.get_by_role("button", name="Download interactive page (HTML)")
+        button.wait_for(timeout=120_000)
+        with page.expect_download(timeout=60_000) as got:
+            button.click()
+        saved = tmp_path / got.value.suggested_filename
+        got.value.save_as(saved)
+        assert saved.name == "attention_196px.html"
+        text = saved.read_text(encoding="utf-8")
+        assert text.startswith("<!doctype html>") and '<html lang="en">' in text and len(text.encode()) <= LIMIT_196
+        assert "N = 197 = 1 prefix + 196 patches" in text and '<label for="layer">Layer</label>' in text
+        # the sample shown first is the cat, as the model saw it
+        src = re.search(r'id="photo" alt="" hidden src="data:image/png;base64,([^"]+)"', text).group(1)
+        embedded = np.asarray(Image.open(io.BytesIO(base64.b64decode(src))).convert("RGB")).astype(int)
+        assert np.abs(embedded - np.asarray(real_model.view(Image.open(ASSETS / "cat.jpg")))).mean() < 3
+        with page.expect_download(timeout=60_000) as got:
+            page.get_by_role("button", name="Download the layer sweep (GIF)").click()
+        gif = Image.open(got.value.path())
+        assert gif.n_frames == real_cap.num_layers

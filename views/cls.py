@@ -10,6 +10,7 @@ from ui import t
 
 from . import Context
 from .common import download_png, enlarge, head_label, heatmap
+from .takeaway import downloads as take_away
 
 
 def show(ctx: Context) -> None:
@@ -27,6 +28,7 @@ def show(ctx: Context) -> None:
             st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
         download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
+        take_away(ctx)  # the interactive page and the layer sweep (views/takeaway.py)
     with right:
         facts(ctx)
 
