@@ -247,3 +247,21 @@ def test_page_downloads_the_interactive_page_and_the_sweep(tmp_path, real_model,
             page.get_by_role("button", name="Download the layer sweep (GIF)").click()
         gif = Image.open(got.value.path())
         assert gif.n_frames == real_cap.num_layers
+
+
+@needs_chromium
+def test_notebook_view_runs_inside_its_iframe(browser, tmp_path):
+    """What Jupyter shows for a capture: the iframe's page unpacks and draws (sandboxed, from srcdoc)."""
+    cap = attnviz.capture(tiny_vit(), Image.open(ASSETS / "cat.jpg"))
+    path = tmp_path / "notebook.html"
+    path.write_text(f"<!doctype html><html><body><p>cell output</p>{cap._repr_html_()}</body></html>", encoding="utf-8")
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "about:")) else r.abort())
+        page.goto(path.as_uri())
+        frame = page.frame_locator("iframe")
+        frame.locator("body[data-ready='1']").wait_for(timeout=30_000)
+        assert frame.get_by_label("Layer", exact=True).get_attribute("max") == "2"
+    finally:
+        context.close()
