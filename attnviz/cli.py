@@ -42,7 +42,7 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
 
     checked = open_image(path.read_bytes(), path.name)
     cap = capture(model, checked.image, fit=args.fit)
-    about = exporting.describe(model, cap, source=path.name, weights=weights)
+    about = exporting.describe(model, cap, source=path.name, weights=weights, source_size=checked.image.size)
     # (h, w): CLS rollout, head mean, no discard, residual 0.5
     extra = {"rollout": cls_rollout_grid(cap)} if args.rollout else None
     exporting.save_capture(out / f"{stem}.npz", cap, format=args.format, dtype=args.dtype, about=about,
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="precision of `attention` in --format full (float16 halves the file; stated inside it)")
     ex.add_argument("--rollout", action="store_true", help="also write `rollout`: the CLS attention rollout on the grid")
     ex.add_argument("--html", action="store_true",
-                    help="also write <stem>.html: one self-contained interactive page (works offline)")
+                    help="also write <stem>.html: one self-contained interactive page (works offline; any patch can "
+                    "be the query up to 224 px, larger inputs keep the class token's rows only)")
     ex.add_argument("--lang", choices=tuple(i18n.LANGUAGES), default=i18n.DEFAULT, help="language of the --html page")
     ex.add_argument("--gif", action="store_true",
                     help="also write <stem>_layers.gif: the class-token map from layer 1 to L, for slides")

