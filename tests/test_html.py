@@ -140,6 +140,9 @@ def test_layer_head_and_a_patch_click_change_the_picture_and_numbers_are_exact(b
             cap.num_prefix_tokens + 7 * cap.grid[1] + 8)
         page.keyboard.press("Escape")
         assert page.locator("#picture").get_attribute("data-query") == "summary"
+        page.get_by_label("Hovering a patch makes it the query").check()  # now the pointer is the query
+        page.mouse.move(*patch_centre(page, 2, 3, cap.grid))
+        assert page.locator("#picture").get_attribute("data-query") == str(cap.num_prefix_tokens + 2 * cap.grid[1] + 3)
         assert blocked == [] and errors == []
     finally:
         context.close()
@@ -222,12 +225,12 @@ def test_cli_writes_html_and_gif(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.browser
 @needs_chromium
-def test_page_downloads_the_interactive_page_and_the_sweep(tmp_path, real_model, real_cap):
+def test_page_downloads_the_interactive_page_and_the_sweep(browser, tmp_path, real_model, real_cap):
     """The real app: 'Download interactive page' gives this photo's page in the page's language; the GIF has L frames."""
     from serve import streamlit_server
 
-    with streamlit_server() as (url, _proc), chromium() as b:
-        page = b.new_page(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+    with streamlit_server() as (url, _proc):
+        page = browser.new_page(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
         page.goto(url)
         button = page.get_by_role("button", name="Download interactive page (HTML)")
         button.wait_for(timeout=120_000)
