@@ -258,6 +258,16 @@ def save_capture(
         **(about or {}),
     }
     path = Path(path)
+    partial = path.with_name(path.name + ".part")  # a failed or interrupted export leaves no half-written .npz
+    try:
+        _write(partial, cap, arrays, meta, format, dtype, labels, extra)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _write(path: Path, cap: Capture, arrays: dict, meta: dict, format: str, dtype: str, labels, extra) -> None:
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         _write_array(zf, "meta", np.array(json.dumps(meta, ensure_ascii=False, indent=1)))
         for name, array in arrays.items():
@@ -271,7 +281,6 @@ def save_capture(
             _write_array(zf, name, np.asarray(array))
         if format == "full":
             _write_attention(zf, cap, np.dtype(dtype))
-    return path
 
 
 # ---- Reading ----

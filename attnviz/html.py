@@ -76,7 +76,7 @@ def _summary_rows(cap: Capture) -> torch.Tensor:
 
 def _query_rows(cap: Capture, layer: int) -> torch.Tensor:
     """(K, N, P) float32: every query token's row over the patches, for each head choice of one layer."""
-    weights = cap.layer_weights(layer)[:, :, cap.num_prefix_tokens:]  # (H, N, P)
+    weights = cap.layer_weights(layer)[:, :, cap.num_prefix_tokens:].cpu()  # (H, N, P)
     return torch.stack([fuse_heads(weights, h) for h in head_choices(cap.num_heads)])
 
 

@@ -188,3 +188,15 @@ def test_real_entry_point_without_a_gpu_prints_no_traceback(tmp_path):
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip() == ("error: --device cuda asks for a GPU, but PyTorch sees none on this machine; "
                                   "use --device cpu.")
+
+
+def test_a_failed_export_leaves_no_file(tmp_path, monkeypatch):
+    cap = attnviz.capture(tiny_vit(), Image.open(ASSETS / "cat.jpg"))
+
+    def broken(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "_write_attention", broken)
+    with pytest.raises(OSError):
+        export.save_capture(tmp_path / "cat.npz", cap, format="full")
+    assert list(tmp_path.iterdir()) == []
