@@ -69,7 +69,8 @@ def check_device(device: str | None) -> str | None:
     if parsed.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise UsageError(f"--device {device} asks for a GPU, but PyTorch sees none on this machine; use --device cpu.")
+            raise UsageError(
+                f"--device {device} asks for a GPU, but PyTorch sees none on this machine; use --device cpu.")
         if parsed.index is not None and parsed.index >= count:
             raise UsageError(f"--device {device} asks for GPU {parsed.index}, but PyTorch sees only {count}.")
     elif parsed.type != "cpu":
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                     "qk: only the queries and keys (51 MB at 518 px), from which load_capture recomputes every weight")
     ex.add_argument("--dtype", choices=exporting.DTYPES, default="float32",
                     help="precision of `attention` in --format full (float16 halves the file; stated inside it)")
-    ex.add_argument("--rollout", action="store_true", help="also write `rollout`: the CLS attention rollout on the grid")
+    ex.add_argument("--rollout", action="store_true",
+                    help="also write `rollout`: the CLS attention rollout on the grid")
     ex.add_argument("--html", action="store_true",
                     help="also write <stem>.html: one self-contained interactive page (works offline; any patch can "
                     "be the query up to 224 px, larger inputs keep the class token's rows only)")

@@ -322,5 +322,6 @@ def load_capture(path: str | Path, device: str | torch.device = "cpu") -> Captur
             elif f.name in stored["values"]:
                 kwargs[f.name] = _decode(stored["values"][f.name])
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ExportError(f"{Path(path).name} lacks the capture's {f.name!r}; it was written by another version.")
+                raise ExportError(
+                    f"{Path(path).name} lacks the capture's {f.name!r}; it was written by another version.")
     return Capture(**kwargs)

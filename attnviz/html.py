@@ -49,7 +49,9 @@ def all_rows_bytes(cap: Capture) -> int:
 def estimated_mb(cap: Capture) -> float:
     """About how large :func:`page` will be, in MB, without building it (gzip keeps ~57 % of the rows)."""
     h, w = cap.grid
-    rows = all_rows_bytes(cap) if all_rows_bytes(cap) <= ALL_ROWS_BYTES else cap.num_layers * (cap.num_heads + 3) * h * w
+    rows = all_rows_bytes(cap)
+    if rows > ALL_ROWS_BYTES:  # the class token's rows only
+        rows = cap.num_layers * (cap.num_heads + 3) * h * w
     photo = 3 * cap.input.shape[-1] ** 2 * 0.6  # PNG of the S × S photo
     return (rows * 0.57 + photo) * 4 / 3 / 1e6 + 0.05
 
@@ -203,7 +205,8 @@ def page(
         "HOVER": esc(strings["hover_query"]), "RESET": esc(strings["reset"]), "HOW": esc(strings["how"]),
         "FACTS_TITLE": esc(strings["facts"]), "FACTS": facts_html, "TOP": top_html,
         "PRECISION": esc(strings["precision"]), "MADE_WITH": esc(strings["made_with"].format(version=__version__)),
-        "LOADING": esc(strings["loading"]), "NO_JS": esc(strings["no_js"]), "PICTURE_LABEL": esc(strings["picture_label"]),
+        "LOADING": esc(strings["loading"]), "NO_JS": esc(strings["no_js"]),
+        "PICTURE_LABEL": esc(strings["picture_label"]),
         "LAYERS": str(cap.num_layers), "HEAD_OPTIONS": head_options, "CMAP_OPTIONS": cmap_options,
         "META": script_json(meta), "STRINGS": script_json(strings), "LUTS": script_json(_colour_tables()),
         "PHOTO": _png_data_url(view), "PAYLOAD": base64.b64encode(data).decode("ascii"),

@@ -33,7 +33,8 @@ def frames(
         frame = Image.new("RGB", (shown.width, shown.height + STRIP_PX), (255, 255, 255))
         frame.paste(shown, (0, 0))
         done = round(shown.width * (layer + 1) / cap.num_layers)
-        ImageDraw.Draw(frame).rectangle((0, shown.height + 1, done - 1, shown.height + STRIP_PX - 1), fill=(11, 99, 197))
+        strip = (0, shown.height + 1, done - 1, shown.height + STRIP_PX - 1)
+        ImageDraw.Draw(frame).rectangle(strip, fill=(11, 99, 197))
         out.append(frame)
     return out
 

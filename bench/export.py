@@ -85,7 +85,8 @@ def main() -> None:
         return runs[len(runs) // 2]
 
     mb = 2**20
-    print("| export at 518 px (N = 1370) | seconds | file | peak memory of the export step (rise over the capture) | target |")
+    print("| export at 518 px (N = 1370) | seconds | file "
+          "| peak memory of the export step (rise over the capture) | target |")
     print("|---|---|---|---|---|")
     cases = [("full-float32", "full, float32"), ("full-float16", "full, float16"), ("qk-float32", "qk")]
     if args.old:

@@ -101,7 +101,8 @@ def checkpoint(tmp_path_factory):
 def test_export_records_where_it_came_from(tmp_path, checkpoint, capsys):
     out = tmp_path / "out"
     code = cli.main(["export", str(ASSETS / "rocket.jpg"), "--out", str(out), "--model", "vit_tiny_patch16_224",
-                     "--checkpoint", str(checkpoint), "--fit", "squash", "--format", "qk", "--device", "cpu", "--quiet"])
+                     "--checkpoint", str(checkpoint), "--fit", "squash", "--format", "qk", "--device", "cpu",
+                     "--quiet"])
     assert code == 0, capsys.readouterr().err
     z = np.load(out / "rocket.npz")
     meta = export.read_meta(out / "rocket.npz")
@@ -161,7 +162,8 @@ def test_out_naming_a_file_is_one_line(tmp_path, capsys):
     taken = tmp_path / "results.npz"
     taken.write_bytes(b"keep me")
     code, err = run_cli(["--out", str(taken)], capsys)
-    assert (code, err) == (2, [f"error: --out {taken} is a file, not a folder; name a folder (it is created if missing)."])
+    assert (code, err) == (
+        2, [f"error: --out {taken} is a file, not a folder; name a folder (it is created if missing)."])
     assert taken.read_bytes() == b"keep me"
 
 
@@ -182,7 +184,8 @@ def test_float16_with_qk_is_refused(tmp_path, capsys):
 def test_real_entry_point_without_a_gpu_prints_no_traceback(tmp_path):
     """The installed entry point, on a machine where PyTorch sees no GPU."""
     run = subprocess.run(
-        [sys.executable, "-m", "attnviz", "export", str(ASSETS / "cat.jpg"), "--out", str(tmp_path), "--device", "cuda"],
+        [sys.executable, "-m", "attnviz", "export", str(ASSETS / "cat.jpg"), "--out", str(tmp_path),
+         "--device", "cuda"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr

@@ -202,7 +202,8 @@ def test_layer_sweep_has_every_layer_in_order():
     assert gif.n_frames == cap.num_layers and gif.info["loop"] == 0
     frames = sweep.frame_arrays(data)
     view = cap.prepared.picture(cap.input)
-    expected = [np.asarray(render.overlay(view, cap.cls_map(layer, "mean"))).astype(int) for layer in range(cap.num_layers)]
+    expected = [np.asarray(render.overlay(view, cap.cls_map(layer, "mean"))).astype(int)
+                for layer in range(cap.num_layers)]
     scale = frames[0].shape[1] // view.width
     for i, frame in enumerate(frames):
         picture = frame[::scale, ::scale][: view.height].astype(int)
@@ -226,7 +227,7 @@ def test_cli_writes_html_and_gif(tmp_path, monkeypatch, capsys):
 @pytest.mark.browser
 @needs_chromium
 def test_page_downloads_the_interactive_page_and_the_sweep(browser, tmp_path, real_model, real_cap):
-    """The real app: 'Download interactive page' gives this photo's page in the page's language; the GIF has L frames."""
+    """The real app: 'Download interactive page' gives this photo's page; the layer sweep has L frames."""
     from serve import streamlit_server
 
     with streamlit_server() as (url, _proc):
