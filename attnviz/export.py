@@ -154,18 +154,20 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _split(cap: Capture) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(tensor fields as arrays, other fields as JSON-ready values)."""
-    arrays, values = {}, {}
+def _split(cap: Capture) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str]]:
+    """(tensor and array fields as arrays, other fields as JSON-ready values, each array's kind: torch/numpy)."""
+    arrays, values, kinds = {}, {}, {}
     for f in dataclasses.fields(Capture):
         value = getattr(cap, f.name)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, (torch.Tensor, np.ndarray)):
             if f.name in EXTRA_ARRAYS:
                 raise TypeError(f"Capture field {f.name!r} clashes with an export array of the same name")
-            arrays[f.name] = value.detach().cpu().contiguous().numpy()
+            is_tensor = isinstance(value, torch.Tensor)
+            arrays[f.name] = value.detach().cpu().contiguous().numpy() if is_tensor else value
+            kinds[f.name] = "torch" if is_tensor else "numpy"
         else:
             values[f.name] = _encode(value, f.name)
-    return arrays, values
+    return arrays, values, kinds
 
 
 # ---- Writing ----
@@ -243,7 +245,7 @@ def save_capture(
         raise ValueError(f"dtype must be one of {DTYPES}, not {dtype!r}")
     if format == "qk" and dtype != "float32":
         raise ValueError("float16 applies to the full attention only; the queries and keys stay float32")
-    arrays, values = _split(cap)
+    arrays, values, kinds = _split(cap)
     meta = {
         "attnviz_export": VERSION,
         "format": format,
@@ -253,8 +255,8 @@ def save_capture(
             "precision": "float32 softmax of float64 logits (within ~2e-6 of float64)" if dtype == "float32"
             else "rounded to float16: relative error ≤ 2⁻¹¹ ≈ 4.9e-4 of each weight (absolute ≤ 4.9e-4)",
         },
-        "capture": {"values": values, "tensors": {k: {"dtype": str(a.dtype), "shape": list(a.shape)}
-                                                   for k, a in arrays.items()}},
+        "capture": {"values": values, "tensors": {
+            k: {"dtype": str(a.dtype), "shape": list(a.shape), "kind": kinds[k]} for k, a in arrays.items()}},
         **(about or {}),
     }
     path = Path(path)
@@ -318,7 +320,9 @@ def load_capture(path: str | Path, device: str | torch.device = "cpu") -> Captur
         kwargs = {}
         for f in dataclasses.fields(Capture):
             if f.name in stored["tensors"]:
-                kwargs[f.name] = torch.from_numpy(z[f.name]).to(device)
+                array = z[f.name]
+                numpy_field = stored["tensors"][f.name].get("kind") == "numpy"
+                kwargs[f.name] = array if numpy_field else torch.from_numpy(array).to(device)
             elif f.name in stored["values"]:
                 kwargs[f.name] = _decode(stored["values"][f.name])
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

@@ -24,6 +24,8 @@ from conftest import ASSETS, ROOT, tiny_vit
 def same_field(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
     return a == b
 
 
@@ -52,9 +54,9 @@ def test_load_capture_gives_back_every_field_and_weight(tmp_path, fmt, reg_token
 
 def test_every_capture_field_is_stored():
     cap = attnviz.capture(tiny_vit(), Image.open(ASSETS / "cat.jpg"))
-    arrays, values = export._split(cap)
+    arrays, values, kinds = export._split(cap)
     assert set(arrays) | set(values) == {f.name for f in dataclasses.fields(Capture)}
-    assert {"query", "key", "input", "output"} <= set(arrays)
+    assert {"query", "key", "input", "output"} <= set(arrays) and kinds["query"] == "torch"
     assert values["grid"] == [4, 4] and values["prepared"]["__dataclass__"] == "attnviz.preparation:Preparation"
 
 
