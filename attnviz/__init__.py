@@ -14,6 +14,8 @@ gives the module. The one exception is ``capture``, the function, which shadows 
 from . import masks, relevance, rollout, stats
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
 from .errors import ModelError, NoClassTokenError
+from .export import load_capture, save_capture
+from .html import show
 from .masks import MassMask, draw_mask, mass_mask
 from .models import HUB_MODELS, Model, load_model, wrap
 from .relevance import RelevanceError, attention_forward, class_relevance, relevance_map
@@ -27,4 +29,6 @@ __all__ = [
     "RelevanceError", "attention_forward", "class_relevance", "relevance_map", "relevance",
     "cls_rollout_grid", "layer_flow", "rollout_map", "rollout_matrix", "rollout_row", "rollout",
     "HeadStats", "head_stats", "stats",
+    "load_capture", "save_capture", "show",
 ]
+__version__ = "0.1.0"

@@ -15,6 +15,7 @@ high-norm tokens that soak up attention; :meth:`Capture.high_norm` says whether 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from PIL import Image
 from .adapters import Recorder
 from .errors import NoClassTokenError
 from .models import FITS, Fit, Model
+from .preparation import Preparation, preparation
 
 Head = Union[int, Literal["mean", "max", "min"]]
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -66,6 +68,7 @@ class Capture:
     bias: torch.Tensor | None = None  # (L, H, N, N) additive logit bias, or None
     has_class_token: bool = True  # whether token 0 is a class token
     token_norms: torch.Tensor | None = None  # (L, N): ‖x_i‖ of every token after every layer
+    prepared: Preparation | None = None  # model name and how the photo became ``input``
 
     @property
     def num_layers(self) -> int:
@@ -161,6 +164,19 @@ class Capture:
     def all_weights(self) -> np.ndarray:
         """(L, H, N, N) float32: every weight. Large: 540 MB at 518 px for ViT-S."""
         return np.stack([self.layer_weights(i).cpu().numpy() for i in range(self.num_layers)])
+
+    def __repr__(self) -> str:
+        model = f"{self.prepared.model}, " if self.prepared is not None else ""
+        h, w = self.grid
+        return (f"Capture({model}{self.num_layers} layers × {self.num_heads} heads, N = {self.num_tokens} "
+                f"({self.num_prefix_tokens} prefix + {h}×{w} patches), d_k = {self.query.shape[-1]}, "
+                f"{self.nbytes / 2**20:.1f} MB)")
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows a capture as the interactive page :func:`attnviz.show` gives."""
+        from .html import notebook_html
+
+        return notebook_html(self)
 
     # ---- token norms (Darcet et al. 2024) ----
 
@@ -280,6 +296,7 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
         bias=adapter.bias,
         has_class_token=adapter.has_class_token,
         token_norms=recorder.norms,
+        prepared=preparation(model, None),
     )
 
 
@@ -292,4 +309,5 @@ def capture(model: Model, image: Image.Image, fit: Fit = "crop") -> Capture:
         raise TypeError(f"capture() takes a PIL image, not {type(image).__name__}{hint}")
     if fit not in FITS:
         raise ValueError(f"fit must be one of {FITS}, not {fit!r}")
-    return capture_tensor(model, model.to_input(model.view(image, fit)))
+    cap = capture_tensor(model, model.to_input(model.view(image, fit)))
+    return dataclasses.replace(cap, prepared=preparation(model, fit))

@@ -1,8 +1,18 @@
-"""Command line: ``python -m attnviz export IMAGE... --out DIR [--model NAME] [--size PX]``.
+"""Command line: ``python -m attnviz export IMAGE... --out DIR [options]``.
 
-Per image writes ``DIR/<stem>.npz`` (``attention`` (L, H, N, N) float32, ``input`` (1, 3, S, S),
-``grid`` (h, w), ``num_prefix_tokens``; with ``--rollout`` also ``rollout`` (h, w)) and ``DIR/<stem>_overlay.png`` (last layer, mean of heads).
-A bad file gets one line on stderr naming it; the others are still written; the exit code is 1.
+Per image, in ``DIR``:
+- ``<stem>.npz``: an uncompressed NPZ that :func:`attnviz.load_capture` reads back. ``--format full``
+  (the default) holds ``attention`` (L, H, N, N) — float32, or float16 with ``--dtype float16`` —
+  besides the capture's ``query`` and ``key`` (L, H, N, d_k); ``--format qk`` holds only the latter
+  (every weight is recomputed from them). Both hold ``input`` (1, 3, S, S), ``output``, ``grid``,
+  ``num_prefix_tokens`` and ``meta``, a JSON record of where it all came from; ``--rollout`` adds
+  ``rollout`` (h, w).
+- ``<stem>_overlay.png``: the last layer's class-token map, mean of heads, over the photo.
+- ``<stem>.html`` with ``--html``: the self-contained interactive page (``--lang en|zh-TW``).
+- ``<stem>_layers.gif`` with ``--gif``: the class-token map from layer 1 to L, animated.
+
+A bad image gets one line on stderr naming it, the others are still written, and the exit code is 1.
+Problems with the options themselves (model, device, output folder) get one line and exit code 2.
 """
 from __future__ import annotations
 
@@ -11,12 +21,13 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from . import capture, load_model, render
-from .rollout import cls_rollout_grid
+from . import capture, export as exporting, i18n, load_model, render
 from .images import ImageError, open_image
 from .models import ModelError
+
+
+class UsageError(Exception):
+    """An option that cannot work; the message is one line for a person."""
 
 
 def safe_stem(path: str) -> str:
@@ -25,32 +36,80 @@ def safe_stem(path: str) -> str:
     return stem or "image"
 
 
-def export_one(model, path: Path, out: Path, stem: str, with_rollout: bool = False) -> None:
+def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace, weights: dict | None = None) -> None:
+    from . import html, sweep
+    from .rollout import cls_rollout_grid
+
     checked = open_image(path.read_bytes(), path.name)
-    cap = capture(model, checked.image)
-    arrays = {
-        "attention": cap.all_weights(),  # (L, H, N, N) float32
-        "input": cap.input.cpu().numpy(),  # (1, 3, S, S)
-        "grid": np.array(cap.grid),
-        "num_prefix_tokens": np.array(cap.num_prefix_tokens),
-    }
-    if with_rollout:
-        arrays["rollout"] = cls_rollout_grid(cap)  # (h, w): CLS rollout, head mean, no discard, residual 0.5
-    np.savez_compressed(out / f"{stem}.npz", **arrays)
-    view = model.view(checked.image)
-    render.overlay(view, cap.cls_map(cap.num_layers - 1, "mean")).save(out / f"{stem}_overlay.png")
+    cap = capture(model, checked.image, fit=args.fit)
+    about = exporting.describe(model, cap, source=path.name, weights=weights, source_size=checked.image.size)
+    # (h, w): CLS rollout, head mean, no discard, residual 0.5
+    extra = {"rollout": cls_rollout_grid(cap)} if args.rollout else None
+    exporting.save_capture(out / f"{stem}.npz", cap, format=args.format, dtype=args.dtype, about=about,
+                           labels=model.labels, extra=extra)
+    view = model.view(checked.image, args.fit)
+    render.overlay(view, html.summary_map(cap, cap.num_layers - 1, "mean")).save(out / f"{stem}_overlay.png")
+    if args.html:
+        page = html.page(cap, args.lang, source=path.name, top=model.top_classes(cap.output), picture=view)
+        (out / f"{stem}.html").write_text(page, encoding="utf-8")
+    if args.gif:
+        (out / f"{stem}_layers.gif").write_bytes(sweep.sweep_gif(cap, picture=view))
+
+
+def check_device(device: str | None) -> str | None:
+    """``--device`` as torch will take it, or a one-line reason it cannot work here."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device must be cpu or cuda (or cuda:N), not {device!r}.") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(
+                f"--device {device} asks for a GPU, but PyTorch sees none on this machine; use --device cpu.")
+        if parsed.index is not None and parsed.index >= count:
+            raise UsageError(f"--device {device} asks for GPU {parsed.index}, but PyTorch sees only {count}.")
+    elif parsed.type != "cpu":
+        raise UsageError(f"--device must be cpu or cuda (or cuda:N), not {device!r}.")
+    return device
+
+
+def output_folder(name: str, create: bool = True) -> Path:
+    """``--out`` as an existing or new folder, or a one-line reason it cannot be one."""
+    out = Path(name)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {name} is a file, not a folder; name a folder (it is created if missing).")
+    if not create:
+        return out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the output folder {name}: {e.strerror or e}.") from None
+    return out
 
 
 def export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     try:
-        model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=args.device)
-    except ModelError as e:
+        if args.format == "qk" and args.dtype != "float32":
+            raise UsageError("--dtype float16 applies to --format full only; the queries and keys stay float32 "
+                             "(the logits reach ~300, where float16 would change the weights).")
+        device = check_device(args.device)
+        output_folder(args.out, create=False)  # a file in the way is said before the model loads
+        try:
+            model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=device)
+        except ModelError as e:
+            raise UsageError(f"{e} Nothing was exported.") from None
+        out = output_folder(args.out)
+        weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     failed, used = 0, set()
     for name in tqdm(args.images, unit="image", disable=len(args.images) < 2 or args.quiet):
         path, stem = Path(name), safe_stem(name)
@@ -60,9 +119,10 @@ def export(args: argparse.Namespace) -> int:
         try:
             if not path.is_file():
                 raise ImageError(f"{name} is not a file." if path.exists() else f"{name} does not exist.")
-            export_one(model, path, out, stem, args.rollout)
-        except ImageError as e:
-            tqdm.write(f"error: {e}", file=sys.stderr)
+            export_one(model, path, out, stem, args, weights)
+        except (ImageError, OSError) as e:
+            message = str(e) if isinstance(e, ImageError) else f"could not write {stem}'s files: {e.strerror or e}."
+            tqdm.write(f"error: {message}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
 
@@ -70,14 +130,32 @@ def export(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnviz", description="See what a Vision Transformer attends to.")
     sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("export", help="write every layer's and head's attention for images to .npz and .png")
+    ex = sub.add_parser(
+        "export", help="write every layer's and head's attention for images to .npz, .png (and .html, .gif)",
+        description="Per image: <stem>.npz (read it back with attnviz.load_capture), <stem>_overlay.png, and "
+        "with --html / --gif a self-contained interactive page and an animated layer sweep.",
+    )
     ex.add_argument("images", nargs="+", help="image files")
-    ex.add_argument("--out", required=True, help="output folder")
+    ex.add_argument("--out", required=True, help="output folder (created if missing)")
     ex.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
     ex.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
     ex.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
+    ex.add_argument("--fit", choices=("crop", "squash"), default="crop",
+                    help="non-square photos: resize and centre-crop (default, as timm does) or squash the whole photo")
     ex.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    ex.add_argument("--rollout", action="store_true", help="also write `rollout`: the CLS attention rollout on the grid")
+    ex.add_argument("--format", choices=exporting.FORMATS, default="full",
+                    help="full (default): also `attention` (L, H, N, N), 540 MB at 518 px in float32; "
+                    "qk: only the queries and keys (51 MB at 518 px), from which load_capture recomputes every weight")
+    ex.add_argument("--dtype", choices=exporting.DTYPES, default="float32",
+                    help="precision of `attention` in --format full (float16 halves the file; stated inside it)")
+    ex.add_argument("--rollout", action="store_true",
+                    help="also write `rollout`: the CLS attention rollout on the grid")
+    ex.add_argument("--html", action="store_true",
+                    help="also write <stem>.html: one self-contained interactive page (works offline; any patch can "
+                    "be the query up to 224 px, larger inputs keep the class token's rows only)")
+    ex.add_argument("--lang", choices=tuple(i18n.LANGUAGES), default=i18n.DEFAULT, help="language of the --html page")
+    ex.add_argument("--gif", action="store_true",
+                    help="also write <stem>_layers.gif: the class-token map from layer 1 to L, for slides")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     return export(args)

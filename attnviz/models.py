@@ -241,8 +241,7 @@ def _load_hub(name: str, size: int | None, device: torch.device, download: bool 
             raise HubUnavailable(f"{name} is not in the local cache and downloads are off.")
         elif os.environ.get("HF_HUB_OFFLINE") or not _hub_reachable():
             raise HubUnavailable(
-                f"{name} is not in the local cache and the model hub cannot be reached; "
-                "staying on the offline default model."
+                f"{name} is not in the local cache and the model hub cannot be reached."
             )
         else:
             network = timm.create_model(name, pretrained=True, **kwargs)

@@ -109,7 +109,7 @@ def test_uncached_hub_model_without_network_fails_fast_and_clearly(tmp_path):
     seconds, message = run.stdout.strip().split("|", 1)
     print(f"uncached hub model refused after {seconds} s: {message}")
     assert message == ("deit_small_patch16_224.fb_in1k is not in the local cache and the model hub cannot be "
-                       "reached; staying on the offline default model.")
+                       "reached.")
     assert not any((tmp_path / "hf").rglob("*.safetensors"))
 
 

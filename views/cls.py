@@ -18,6 +18,7 @@ def no_class_token_note(cap) -> None:
     """Say once, where a map would be the class token's, what is shown instead."""
     if not cap.has_class_token:
         st.info(t("families.no_cls_note", p=cap.num_tokens - cap.num_prefix_tokens))
+from .takeaway import downloads as take_away
 
 
 def show(ctx: Context) -> None:
@@ -46,6 +47,7 @@ def show(ctx: Context) -> None:
             st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
         download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
+        take_away(ctx)  # the interactive page and the layer sweep (views/takeaway.py)
     with right:
         facts(ctx)
 
