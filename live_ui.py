@@ -177,7 +177,7 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
     problem = _probe(key="live_probe", default={"problem": ""}, on_problem_change=lambda: None, height=0).problem
     if problem in ("insecure", "no_webrtc"):
         st.warning(t(f"live.problem_{problem}"))
-        return _frozen()
+        return _frozen(hint=False)
 
     video = st.container()
     if streaming:
@@ -205,7 +205,7 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
             )
         except Exception:  # e.g. signalling timed out: one sentence, never a traceback
             st.warning(t("live.problem_connect"))
-            return _frozen()
+            return _frozen(hint=False)
     if problem:
         st.warning(t(f"live.problem_{problem}"))
     live = context.video_processor
@@ -216,13 +216,15 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
         speed_line()
         st.info(t("live.streaming"))
         st.stop()
-    return _frozen()
+    return _frozen(hint=not problem)
 
 
-def _frozen() -> tuple[bytes, str] | None:
+def _frozen(hint: bool = True) -> tuple[bytes, str] | None:
+    """The kept frame, or a stop (with how to start, unless a problem was just explained)."""
     kept = st.session_state.get(FROZEN_KEY)
     if kept is None:
-        st.info(t("live.press_start"))
+        if hint:
+            st.info(t("live.press_start"))
         st.stop()
     data, name, when = kept
     st.caption(t("live.frozen", time=when))
