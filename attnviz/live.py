@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
+import torch
 from PIL import Image
 
 from . import render
@@ -115,10 +116,17 @@ class LiveProcessor:
         settings: LiveSettings,
         encode: Callable[[Image.Image], Any] = lambda picture: picture,
         clock: Callable[[], float] = time.monotonic,
+        workers: int = 1,
+        threads: int | None = None,
     ):
+        """``workers`` frames are computed at once, each with ``threads`` PyTorch threads (``None``: the
+        process's setting). One worker using every core gives the shortest delay; on a crowded machine
+        two single-threaded workers avoid the stalls a multi-threaded forward pass suffers when other
+        work takes a core away (``python -m bench.live --processor`` compares them)."""
         self.settings = settings  # replaced whole by other threads; read once per frame
         self._encode = encode
         self._clock = clock
+        self._threads = threads
         self._wake = threading.Condition()
         self._pending: tuple[Any, float] | None = None  # (frame, arrival time), at most one
         self._stopped = False
@@ -128,8 +136,11 @@ class LiveProcessor:
         self._events: collections.deque = collections.deque(maxlen=256)  # (sent at, latency, compute)
         self._lock = threading.Lock()  # guards _events and _counts (read by the page's thread)
         self.error: BaseException | None = None  # the worker's last failure, if any
-        self._thread = threading.Thread(target=self._run, name="attnviz-live", daemon=True)
-        self._thread.start()
+        self._threads_started = [
+            threading.Thread(target=self._run, name=f"attnviz-live-{i}", daemon=True) for i in range(workers)
+        ]
+        for thread in self._threads_started:
+            thread.start()
 
     # ---- called by the stream (one thread) ----
     def recv(self, frame: Any) -> Any:
@@ -154,7 +165,13 @@ class LiveProcessor:
     def stop(self) -> None:
         with self._wake:
             self._stopped = True
-            self._wake.notify()
+            self._wake.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the workers to end after :meth:`stop`; True when they all have."""
+        for thread in self._threads_started:
+            thread.join(timeout)
+        return not any(thread.is_alive() for thread in self._threads_started)
 
     on_ended = stop  # the name streamlit-webrtc calls when the stream ends
 
@@ -186,6 +203,8 @@ class LiveProcessor:
 
     # ---- the worker thread ----
     def _run(self) -> None:
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)  # OpenMP's setting is per thread: other captures keep theirs
         while True:
             with self._wake:
                 while self._pending is None and not self._stopped:
@@ -201,6 +220,9 @@ class LiveProcessor:
             except Exception as e:  # a bad frame must not end the stream; the page can say so
                 self.error = e
                 continue
-            self._result = _Result(live, output, arrived)
             with self._lock:
                 self._counts["done"] += 1
+                current = self._result
+                # with two workers a slower, older frame can finish last: never go back in time
+                if current is None or arrived > current.arrived:
+                    self._result = _Result(live, output, arrived)

@@ -20,6 +20,10 @@ def camera_frame(seed: int, size=(160, 120)) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
 
 
+def same(x: Image.Image, y: Image.Image) -> bool:
+    return np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
 def wait_for(condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -66,7 +70,7 @@ def test_newest_frame_wins_and_older_waiting_frames_are_dropped(tiny):
         return picture
 
     frames = [camera_frame(i) for i in range(4)]
-    proc = LiveProcessor(LiveSettings(tiny, layer=1), encode=slow_encode)
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), encode=slow_encode, workers=1)
     try:
         assert proc.recv(frames[0]) is frames[0]  # nothing computed yet: the camera frame goes back as is
         assert busy.wait(10)  # the worker holds frame 0
@@ -77,7 +81,7 @@ def test_newest_frame_wins_and_older_waiting_frames_are_dropped(tiny):
         seen = [proc.latest.image]
         stats = proc.stats()
         assert (stats.frames_in, stats.heatmaps, stats.dropped) == (3, 2, 1)
-        assert np.asarray(seen[0]).tobytes() == np.asarray(frames[2]).tobytes()
+        assert same(seen[0], frames[2])
         out = proc.recv(frames[3])  # hands back frame 2's heatmap, the newest finished one
         assert out is not frames[3] and out.size == (32, 32)
     finally:
@@ -98,11 +102,10 @@ def test_new_settings_apply_to_the_next_frame_without_a_restart(tiny):
         cap = attnviz.capture(tiny, image)
         np.testing.assert_array_equal(first.cls_map, cap.cls_map(0, "mean"))
         np.testing.assert_array_equal(proc.latest.cls_map, cap.cls_map(1, 3))
-        assert proc._thread.is_alive()
+        assert not proc.join(0)  # the workers keep running between frames
     finally:
         proc.stop()
-    proc._thread.join(5)
-    assert not proc._thread.is_alive()  # stop() ends the worker
+    assert proc.join(5)  # stop() ends them
 
 
 def test_viewers_sharing_a_model_never_see_each_others_frames():
@@ -146,3 +149,31 @@ def test_ice_servers_parse_json_and_toml_lists():
     for bad in ('{"url": "stun:x"}', "[1, 2]", "not json"):
         with pytest.raises(ValueError):
             live_ui.parse_ice_servers(bad)
+
+
+def test_two_workers_never_go_back_to_an_older_frame(tiny):
+    """Frame A is slow and frame B fast on the other worker: when A finishes last, B stays on screen."""
+    holding, release = threading.Event(), threading.Event()
+    calls = []
+
+    def encode(picture):
+        calls.append(picture)
+        if len(calls) == 1:  # the first frame's worker is held back
+            holding.set()
+            release.wait(10)
+        return picture
+
+    a, b = camera_frame(1), camera_frame(2)
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), encode=encode, workers=2)
+    try:
+        proc.recv(a)
+        assert holding.wait(10)
+        proc.recv(b)
+        wait_for(lambda: proc.latest is not None)
+        assert same(proc.latest.image, b)
+        release.set()
+        wait_for(lambda: proc.stats().heatmaps == 2)
+        assert same(proc.latest.image, b)  # A finished after B but arrived before it
+    finally:
+        release.set()
+        proc.stop()
