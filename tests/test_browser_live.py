@@ -130,7 +130,12 @@ def test_refused_camera_gives_one_sentence(server):
         open_live(page)
         page.get_by_text("The camera was refused: allow this page to use it").wait_for(timeout=30_000)
         assert page.locator("[data-testid='stException']").count() == 0
-        assert "NotAllowedError" not in webrtc_frame(page).inner_text("body")  # the English error is hidden
+        frame = webrtc_frame(page)
+        assert "NotAllowedError" not in frame.inner_text("body")  # the English error is hidden
+        # WebRTC that cannot connect: the component's own warning (English) becomes our sentence
+        frame.evaluate("""() => document.querySelectorAll('[role="alert"]').forEach((a) => { a.textContent =
+            'Connection is taking longer than expected. Check your network or ask the developer for STUN/TURN settings'; })""")
+        page.get_by_text("The video stream could not connect to the server").wait_for(timeout=30_000)
         # the still-photo path is untouched
         page.get_by_text("Sample photo", exact=True).click()
         page.wait_for_selector("[data-testid='stImage'] img", timeout=60_000)
