@@ -15,9 +15,11 @@ import time
 
 import av
 import streamlit as st
+from PIL import Image
 from streamlit_webrtc import WebRtcMode, webrtc_streamer
 
 import attnviz
+from attnviz import render
 from attnviz.capture import HEAD_FUSIONS
 from attnviz.live import LiveProcessor, LiveSettings
 from ui import Settings, t
@@ -79,6 +81,11 @@ def camera_constraints(model: attnviz.Model) -> dict:
     return {"width": {"ideal": height * 4 // 3}, "height": {"ideal": height}, "frameRate": {"ideal": FRAME_RATE}}
 
 
+def placeholder(model: attnviz.Model) -> av.VideoFrame:
+    """A dark square the size of the heatmaps, sent until the first one is ready (not the raw camera)."""
+    return to_video_frame(render.enlarge(Image.new("RGB", (model.size, model.size), (14, 17, 23)), DISPLAY_PX))
+
+
 def to_video_frame(picture) -> av.VideoFrame:
     return av.VideoFrame.from_image(picture)
 
@@ -106,9 +113,8 @@ def layer_and_head(model: attnviz.Model) -> None:
     if st.session_state.get("layer", 0) > model.depth or st.session_state.get("head", "mean") not in heads:
         st.session_state.pop("layer", None)
         st.session_state.pop("head", None)
-    layer_col, head_col = st.columns([3, 2])
-    layer_col.slider(t("view.layer"), 1, model.depth, model.depth, key="layer")
-    head_col.selectbox(
+    st.slider(t("view.layer"), 1, model.depth, model.depth, key="layer")
+    st.selectbox(
         t("view.head"), heads, key="head",
         format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else str(h),
     )
@@ -179,9 +185,11 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
         st.warning(t(f"live.problem_{problem}"))
         return _frozen(hint=False)
 
-    video = st.container()
+    # the same two columns whether or not the stream runs: moving the component would restart it
+    video, side = st.columns([3, 2], gap="medium")
     if streaming:
-        layer_and_head(model)
+        with side:
+            layer_and_head(model)
     stop_now = st.session_state.pop(STOP_KEY, False)
     with video:
         try:
@@ -190,12 +198,16 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
                 mode=WebRtcMode.SENDRECV,
                 rtc_configuration={"iceServers": ice_servers()},
                 media_stream_constraints={"video": camera_constraints(model), "audio": False},
-                video_processor_factory=lambda: LiveProcessor(live_settings(model, settings), encode=to_video_frame),
+                video_processor_factory=lambda: LiveProcessor(
+                    live_settings(model, settings), encode=to_video_frame, placeholder=placeholder(model)
+                ),
                 async_processing=False,  # LiveProcessor has its own newest-frame worker; recv never blocks
                 desired_playing_state=False if stop_now else None,
                 video_html_attrs={
                     "autoPlay": True, "controls": False, "muted": True, "playsInline": True,
-                    "style": {"width": "100%", "maxWidth": f"{DISPLAY_PX * 3 // 2}px", "imageRendering": "pixelated"},
+                    # square from the start, so the component's frame is sized for the heatmap, not the camera
+                    "style": {"width": "100%", "maxWidth": f"{DISPLAY_PX * 3 // 2}px", "aspectRatio": "1 / 1",
+                              "imageRendering": "pixelated"},
                 },
                 translations={key: t(f"live.{key}") for key in (
                     "start", "stop", "select_device", "device_ask_permission", "device_not_available",
@@ -204,19 +216,21 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
                 )},
             )
         except Exception:  # e.g. signalling timed out: one sentence, never a traceback
-            st.warning(t("live.problem_connect"))
-            return _frozen(hint=False)
-    if problem:
-        st.warning(t(f"live.problem_{problem}"))
+            with side:
+                st.warning(t("live.problem_connect"))
+                return _frozen(hint=False)
     live = context.video_processor
     if live is not None:
         live.settings = live_settings(model, settings)  # one reference swap: the next frame uses it
-    if context.state.playing or context.state.signalling:
-        st.button(t("live.freeze"), help=t("live.freeze_help"), on_click=freeze, type="primary", key="live_freeze")
-        speed_line()
-        st.info(t("live.streaming"))
-        st.stop()
-    return _frozen(hint=not problem)
+    with side:
+        if problem:
+            st.warning(t(f"live.problem_{problem}"))
+        if context.state.playing or context.state.signalling:
+            st.button(t("live.freeze"), help=t("live.freeze_help"), on_click=freeze, type="primary", key="live_freeze")
+            speed_line()
+            st.info(t("live.streaming"))
+            st.stop()
+        return _frozen(hint=not problem)
 
 
 def _frozen(hint: bool = True) -> tuple[bytes, str] | None:

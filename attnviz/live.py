@@ -106,8 +106,8 @@ class LiveProcessor:
     """Heatmaps for a stream of frames, computed on a worker thread; always the newest frame.
 
     ``recv(frame)`` is called once per camera frame and returns at once: it leaves the frame for the
-    worker (replacing one not yet started) and hands back the newest finished heatmap (the frame itself
-    until the first one is ready). Assign a new :class:`LiveSettings` to ``settings`` to change what the
+    worker (replacing one not yet started) and hands back the newest finished heatmap (``placeholder``,
+    or the frame itself, until the first one is ready). Assign a new :class:`LiveSettings` to ``settings`` to change what the
     next frames show; call ``stop()`` when the stream ends.
     """
 
@@ -118,12 +118,14 @@ class LiveProcessor:
         clock: Callable[[], float] = time.monotonic,
         workers: int = 1,
         threads: int | None = None,
+        placeholder: Any = None,
     ):
         """``workers`` frames are computed at once, each with ``threads`` PyTorch threads (``None``: the
         process's setting). One worker using every core gives the shortest delay; on a crowded machine
         two single-threaded workers avoid the stalls a multi-threaded forward pass suffers when other
         work takes a core away (``python -m bench.live --processor`` compares them)."""
         self.settings = settings  # replaced whole by other threads; read once per frame
+        self._placeholder = placeholder  # sent until the first heatmap (None: the camera frame itself)
         self._encode = encode
         self._clock = clock
         self._threads = threads
@@ -155,7 +157,7 @@ class LiveProcessor:
             self._counts["in"] += 1
         result = self._result
         if result is None:
-            return frame
+            return frame if self._placeholder is None else self._placeholder
         if result is not self._sent:  # first time this heatmap goes out: its latency is known now
             self._sent = result
             with self._lock:

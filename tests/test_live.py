@@ -177,3 +177,16 @@ def test_two_workers_never_go_back_to_an_older_frame(tiny):
     finally:
         release.set()
         proc.stop()
+
+
+def test_placeholder_goes_out_until_the_first_heatmap(tiny):
+    held = threading.Event()
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), encode=lambda p: (held.wait(10), p)[1], placeholder="dark")
+    try:
+        assert proc.recv(camera_frame(3)) == "dark"  # never the raw camera picture
+        held.set()
+        wait_for(lambda: proc.latest is not None)
+        assert proc.recv(camera_frame(4)).size == (32, 32)
+    finally:
+        held.set()
+        proc.stop()
