@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import time
 
@@ -128,7 +129,7 @@ def speed_line() -> None:
     if live.error is not None:
         st.warning(t("live.frame_error", reason=str(live.error).splitlines()[0][:200]))
     stats, latest = live.stats(), live.latest
-    if stats.heatmaps and latest is not None:
+    if latest is not None and not math.isnan(stats.fps) and not math.isnan(stats.latency_ms):
         head = latest.settings.head
         head = t(f"view.head_{head}") if isinstance(head, str) else t("view.head_n", n=head + 1)
         st.caption(t("live.speed", layer=latest.settings.layer + 1, head=head, fps=stats.fps, ms=stats.latency_ms))

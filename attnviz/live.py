@@ -87,8 +87,8 @@ def frame_image(frame: Any) -> Image.Image:
 class LiveStats:
     """The stream's recent speed. ``latency_ms``: from a frame's arrival to its heatmap being sent."""
 
-    fps: float  # heatmaps sent per second
-    latency_ms: float  # median over the window
+    fps: float  # heatmaps sent per second (NaN until two were sent)
+    latency_ms: float  # median over the window (NaN until one was sent)
     compute_ms: float  # median time of heatmap_frame itself
     frames_in: int  # camera frames received so far
     heatmaps: int  # heatmaps computed so far
@@ -194,7 +194,7 @@ class LiveProcessor:
         if len(recent) < STATS_MIN_EVENTS:
             recent = [e for e in events[-STATS_MIN_EVENTS:] if now - e[0] <= STATS_MAX_AGE_S]
         span = recent[-1][0] - recent[0][0] if len(recent) >= 2 else 0.0
-        fps = (len(recent) - 1) / span if span > 0 else 0.0
+        fps = (len(recent) - 1) / span if span > 0 else float("nan")  # unknown until two heatmaps went out
         latency = statistics.median(e[1] for e in recent) * 1000 if recent else float("nan")
         compute = statistics.median(e[2] for e in recent) * 1000 if recent else float("nan")
         return LiveStats(fps, latency, compute, counts["in"], counts["done"], counts["dropped"])

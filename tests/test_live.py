@@ -190,3 +190,20 @@ def test_placeholder_goes_out_until_the_first_heatmap(tiny):
     finally:
         held.set()
         proc.stop()
+
+
+def test_speed_is_heatmaps_sent_per_second_and_delay_from_arrival_to_sending(tiny):
+    now = [0.0]
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), clock=lambda: now[0])
+    try:
+        for k in range(4):  # a frame every 100 ms; each heatmap is ready before the next frame comes
+            now[0] = k * 0.1
+            proc.recv(camera_frame(k))
+            wait_for(lambda k=k: proc.stats().heatmaps == k + 1)
+        stats = proc.stats()
+        assert np.isnan(LiveProcessor(LiveSettings(tiny, layer=1), workers=0).stats().fps)  # nothing sent yet
+        # heatmaps of frames 0, 1, 2 went out with frames 1, 2, 3: at 0.1, 0.2, 0.3 s, 100 ms after arriving
+        assert stats.fps == pytest.approx(10.0) and stats.latency_ms == pytest.approx(100.0)
+        assert (stats.frames_in, stats.heatmaps, stats.dropped) == (4, 4, 0)
+    finally:
+        proc.stop()
