@@ -149,7 +149,7 @@ export default function ({ setStateValue }) {
     if (/NotFoundError|DevicesNotFound|OverconstrainedError|Requested device not found/i.test(text)) return "no_camera";
     if (/NotReadableError|TrackStartError|AbortError|Could not start/i.test(text)) return "busy";
     if (/mediaDevices is undefined|getUserMedia is not implemented|not loaded securely/i.test(text)) return "insecure";
-    if (/taking longer than expected|connection|ICE/i.test(text)) return "connect";
+    if (/taking longer than expected|ICE connection|connection failed/i.test(text)) return "connect";
     return "failed";
   };
   const check = () => {
