@@ -267,12 +267,17 @@ def load(settings: Settings) -> attnviz.Model:
     return model
 
 
-def image_input() -> tuple[bytes, str] | None:
-    """Sample photo, upload or camera: the raw bytes and a display name."""
+def image_input(model: attnviz.Model | None = None, settings: Settings | None = None) -> tuple[bytes, str] | None:
+    """Sample photo, upload, camera or live camera: the raw bytes and a display name."""
+    sources = ["sample", "upload", "camera", *(["live"] if model is not None else [])]
     source = st.radio(
-        t("input.source"), ["sample", "upload", "camera"], format_func=lambda s: t(f"input.{s}"),
+        t("input.source"), sources, format_func=lambda s: t("live.source" if s == "live" else f"input.{s}"),
         horizontal=True, key="source",
     )
+    if source == "live":
+        import live_ui  # WebRTC is loaded only for the live camera
+
+        return live_ui.live_source(model, settings)
     if source == "upload":
         # No extension filter: the bytes decide, and a bad file gets our own one-sentence message.
         up = st.file_uploader(t("input.upload"), help=t("input.upload_help"), key="upload")
@@ -310,7 +315,7 @@ def capture_or_stop(
     Also returns the capture's cache key (model, size, photo digest, fit) for caches built on it.
     """
     with place if place is not None else st.container():
-        picked = image_input()
+        picked = image_input(model, settings)
     if picked is None:
         st.info(t("input.waiting"))
         st.stop()

@@ -2,7 +2,8 @@
 
 Prints one Markdown table per measurement (medians over repeated, interleaved runs) with ratios to
 the floor, timm's own fused forward pass on the same weights. ``--quick`` takes fewer repeats,
-``--no-browser`` skips the Chromium timings, ``--sizes`` picks input sizes.
+``--no-browser`` skips the Chromium timings (upload, Layer change and the live camera's fps and
+latency), ``--sizes`` picks input sizes.
 """
 from __future__ import annotations
 
@@ -248,8 +249,16 @@ def main() -> None:
         print(f"\nHeadless Chromium, warm model, 196 px: upload → heatmap {web['upload']:.2f} s; "
               f"Layer change → new heatmap {web['layer']:.2f} s. A fresh server answers in {web['server']:.1f} s; "
               f"its first visitor sees the first heatmap {web['first_visit']:.1f} s after opening the page")
+    live = {}
+    if web:  # Chromium is there
+        from bench.live import line, live_speed  # the live camera (python -m bench.live: that line alone)
+
+        live = live_speed()
+        print("\n" + line(live))
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(captures=caps, redraw=draws, cold=cold, browser=web), indent=1))
+        Path(args.json).write_text(
+            json.dumps(dict(captures=caps, redraw=draws, cold=cold, browser=web, live=live), indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -67,16 +67,19 @@ def streamlit_server(
         log.close()
 
 
+FAKE_CAMERA_FLAGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
+
+
 @contextlib.contextmanager
-def chromium():
-    """A Playwright browser on Debian's chromium binary."""
+def chromium(extra_args: list[str] = ()):
+    """A Playwright browser on Debian's chromium binary (``extra_args``: e.g. ``FAKE_CAMERA_FLAGS``)."""
     from playwright.sync_api import sync_playwright
 
     path = chromium_path()
     if path is None:
         raise FileNotFoundError("Debian's chromium is not installed (apt-get install chromium)")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
+        browser = p.chromium.launch(executable_path=path, args=[*CHROMIUM_FLAGS, *extra_args])
         try:
             yield browser
         finally:
