@@ -130,11 +130,10 @@ class Shapes:
 
 
 def shapes(model: Model) -> Shapes:
-    qkv = model.network.blocks[0].attn.qkv.weight
     return Shapes(
         tokens=model.num_tokens, embed_dim=model.embed_dim, heads=model.num_heads, head_dim=model.head_dim,
         layers=model.depth, patch=model.patch, grid=model.grid, prefix_tokens=model.num_prefix_tokens,
-        qkv_weight=tuple(qkv.shape),
+        qkv_weight=(3 * model.num_heads * model.head_dim, model.embed_dim),
     )
 
 
@@ -287,7 +286,8 @@ def remove_patches(
 
 @torch.inference_mode()
 def _outputs(model: Model, xs: torch.Tensor, batch: int = 8) -> torch.Tensor:
-    return torch.cat([model.network(xs[i : i + batch]) for i in range(0, xs.shape[0], batch)]).float()  # (B, C)
+    forward = model.adapter.forward_batch  # timm and Hugging Face networks answer differently
+    return torch.cat([forward(model.network, xs[i : i + batch]) for i in range(0, xs.shape[0], batch)]).float()  # (B, C)
 
 
 def perturbation(
@@ -304,14 +304,14 @@ def perturbation(
 ) -> Perturbation:
     """Remove up to ``max_fraction`` of the patches in ``steps`` equal steps and measure the output change.
 
-    Patches are ranked by the class token's attention in ``layer`` / ``head`` (the heatmap of the main
-    page). Costs 1 + steps · (1 + repeats) forward passes (25 by default).
+    Patches are ranked by the heatmap of the main page in ``layer`` / ``head`` (the class token's
+    attention, or the mean attention received for a model without a class token). Costs 1 + steps · (1 + repeats) forward passes (25 by default).
     """
     if not 1 <= steps <= 20 or not 0 < max_fraction <= 1 or repeats < 1:
         raise ValueError("need 1 ≤ steps ≤ 20, 0 < max_fraction ≤ 1 and repeats ≥ 1")
     grid, patch = cap.grid, model.patch
     num_patches = grid[0] * grid[1]
-    order = np.argsort(-cap.cls_map(layer, head).ravel(), kind="stable")  # (P,) most attended first
+    order = np.argsort(-cap.summary_map(layer, head).ravel(), kind="stable")  # (P,) most attended first
     rng = np.random.default_rng(seed)
     random_orders = np.stack([rng.permutation(num_patches) for _ in range(repeats)])  # (R, P)
     removed = np.round(np.linspace(0, max_fraction * num_patches, steps + 1)).astype(int)  # (steps + 1,)

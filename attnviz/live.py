@@ -57,7 +57,7 @@ class LiveFrame:
 
     image: Image.Image  # the camera frame as it came, RGB
     view: Image.Image  # (S, S): the picture the model saw
-    cls_map: np.ndarray  # (h, w): the class token's attention over the patches
+    cls_map: np.ndarray  # (h, w): the class token's attention over the patches (cap.summary_map)
     picture: Image.Image  # (S, S) overlay (enlarged to ``display`` when asked)
     settings: LiveSettings
     seconds: float  # wall time of the whole frame: view, capture, map and overlay
@@ -71,7 +71,7 @@ def heatmap_frame(model: Model, image: Image.Image, settings: LiveSettings) -> L
     cap = capture_tensor(model, model.to_input(view))
     layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
     head = settings.head if isinstance(settings.head, str) or settings.head < cap.num_heads else "mean"
-    grid_map = cap.cls_map(layer, head)  # (h, w)
+    grid_map = cap.summary_map(layer, head)  # (h, w): the class token's row, or the mean received
     picture = render.overlay(view, grid_map, alpha=settings.alpha, cmap=settings.cmap, smooth=settings.smooth)
     if settings.display > picture.width:
         picture = render.enlarge(picture, settings.display)

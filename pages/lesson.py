@@ -277,7 +277,7 @@ def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
             head = start + offset
             if head >= s_heads:
                 break
-            cls_map = cap.cls_map(layer, head)
+            cls_map = cap.summary_map(layer, head)
             col.image(render.enlarge(render.overlay(view, cls_map, alpha=0.7, cmap=CMAP), 224),
                       caption=t("lesson.heads.caption", n=head + 1, top=float(cls_map.max())))
     st.latex(

@@ -134,3 +134,18 @@ def test_hf_from_the_local_cache_by_repo_id(tmp_path, monkeypatch):
     model = attnviz.load_model("hf:someone/tiny-vit", device="cpu")
     assert model.provenance.startswith("Hugging Face cache someone/tiny-vit")
     assert capture_tensor(model, torch.randn(1, 3, 32, 32)).num_tokens == 17
+
+
+def test_hf_model_runs_the_lesson(tmp_path):
+    """The lesson's shapes and its removal test work on a Hugging Face model (no timm qkv Linear)."""
+    from attnviz import lesson
+
+    model = attnviz.load_model("hf:" + str(save(tiny("ViTForImageClassification"), tmp_path / "vit", VIT_PROCESSOR)))
+    s = lesson.shapes(model)
+    assert s.qkv_weight == (3 * 4 * 8, 32) and s.tokens == 17
+    cap = attnviz.capture(model, Image.new("RGB", (40, 32), (200, 30, 30)))
+    x = cap.input.repeat(3, 1, 1, 1)
+    batch = model.adapter.forward_batch(model.network, x)  # (3, C): each row the capture's own output
+    assert batch.shape == (3, 3) and torch.allclose(batch, cap.output.expand(3, -1), atol=1e-5)
+    result = lesson.perturbation(model, cap, 1, "mean", steps=2, repeats=1)
+    assert result.metric == "probability" and result.attended[0] == 0.0 and result.removed.tolist() == [0, 4, 8]

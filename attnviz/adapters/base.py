@@ -87,7 +87,11 @@ class Adapter:
 
     def forward(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """(1, 3, S, S) → (C,): logits for a classifier, pooled features otherwise."""
-        return network(x)[0]
+        return self.forward_batch(network, x)[0]
+
+    def forward_batch(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, S, S) → (B, C): what :meth:`forward` gives, for a batch (the lesson's removal test)."""
+        return network(x)
 
 
 def check_square_size(name: str, patch: int, size: int, built: tuple[int, int] | None, dynamic: bool) -> None:

@@ -61,7 +61,7 @@ class HFAdapter(Adapter):
             attn.k_proj.register_forward_hook(lambda _m, _i, out: recorder.put_key(layer, heads(out))),
         ]
 
-    def forward(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def forward_batch(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import inspect
 
         kwargs = {}
@@ -71,8 +71,8 @@ class HFAdapter(Adapter):
         for name in ("logits", "image_embeds", "pooler_output"):
             value = getattr(out, name, None)
             if value is not None:
-                return value[0]
-        return out.last_hidden_state[0, 0]
+                return value
+        return out.last_hidden_state[:, 0]
 
 
 def adapter(network: torch.nn.Module, size: int) -> Adapter:
