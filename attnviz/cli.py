@@ -15,7 +15,8 @@ import numpy as np
 
 from . import capture, load_model, render
 from .rollout import cls_rollout_grid
-from .images import ImageError, open_image
+from .images import ImageError
+from .photos import read_photo
 from .models import ModelError
 
 
@@ -26,7 +27,7 @@ def safe_stem(path: str) -> str:
 
 
 def export_one(model, path: Path, out: Path, stem: str, with_rollout: bool = False) -> None:
-    checked = open_image(path.read_bytes(), path.name)
+    checked = read_photo(path.read_bytes(), model, path.name)  # decoded exactly as the page decodes it
     cap = capture(model, checked.image)
     arrays = {
         "attention": cap.all_weights(),  # (L, H, N, N) float32
