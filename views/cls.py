@@ -11,11 +11,17 @@ from ui import t
 from . import Context
 from .common import download_png, enlarge, head_label, heatmap
 
+PRESENT_PX = 520  # 72 % of a 720 px projector, leaving room for the title and the scale
+
 
 def show(ctx: Context) -> None:
     cap = ctx.cap
     cls_map = cap.cls_map(ctx.layer, ctx.head)  # (h, w)
     picture = enlarge(render.overlay(ctx.view, cls_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    if ctx.present:  # the projector: the picture as large as the screen allows, the facts left out
+        st.subheader(t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head)))
+        heatmap(picture, cls_map, ctx.cmap, t("view.caption", h=cap.grid[0], w=cap.grid[1]), width=PRESENT_PX)
+        return
     left, right = st.columns([3, 2], gap="large")
     with left:
         st.subheader(t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head)))
