@@ -17,7 +17,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 	touch $@
 
 run: setup
-	$(BIN)/streamlit run app.py
+	$(BIN)/python launch.py  # warms the model first, then runs `streamlit run app.py`
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

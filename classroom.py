@@ -14,7 +14,6 @@ import streamlit as st
 from ui import t
 
 PRESENT_KEY = "present"  # session key of the toggle and name of the URL parameter (?present=1)
-PRESENT_PX = 520  # the presenter view's heatmap: 72 % of a 720 px projector, with its title and scale
 NARROW_BELOW = 768  # px: Streamlit's own breakpoint for the overlaying sidebar
 
 
@@ -59,7 +58,7 @@ BASE_CSS = """
   max-width: 100%; overflow-x: auto; }
 @media (max-width: 640px) {
   .block-container { padding-left: 1rem; padding-right: 1rem; }
-  button, [data-baseweb="select"] > div, [data-testid="stFileUploaderDropzone"] button,
+  button, [data-testid="stSelectbox"] [role="group"], [data-testid="stFileUploaderDropzone"] button,
   [data-testid="stPageLink-NavLink"] { min-height: 40px; }
   [data-testid="stRadio"] label { min-height: 40px; align-items: center; }
   [data-testid="stSlider"] [role="slider"] { width: 28px; height: 28px; }
@@ -74,7 +73,7 @@ PRESENT_CSS = """
 [data-testid="stWidgetLabel"] p, [data-testid="stWidgetLabel"] label { font-size: 22px !important; }
 [data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] p { font-size: 20px !important; }
 [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li { font-size: 20px; }
-[data-baseweb="select"] div, [data-testid="stSliderThumbValue"], [data-testid="stSliderTickBar"] div,
+[data-testid="stSelectbox"] input, [data-testid="stSliderThumbValue"], [data-testid="stSliderTickBar"] div,
 [data-testid="stRadio"] label p, button p { font-size: 20px !important; }
 [data-testid="stHeadingWithActionElements"] h3 { font-size: 28px; padding-top: 0; }
 [data-testid="stImage"] img { max-height: calc(100vh - 150px); width: auto; }
@@ -161,4 +160,4 @@ def join_box() -> None:
     url = join_url()
     with st.container(key="join"):
         st.markdown(t("classroom.join", url=url))
-        st.image(qr_png(url), width=180)
+        st.image(qr_png(url), width=150)

@@ -11,7 +11,7 @@ from ui import t
 from . import Context
 from .common import download_png, enlarge, head_label, heatmap
 
-PRESENT_PX = 520  # 72 % of a 720 px projector, leaving room for the title and the scale
+PRESENT_PX = 500  # 69 % of a 720 px projector, leaving room for the title and the scale
 
 
 def show(ctx: Context) -> None:

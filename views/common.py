@@ -24,7 +24,7 @@ def head_label(head) -> str:
 def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str, width: int | None = None) -> None:
     """Show an overlay with its colour bar and the numbers at both ends of the scale (``width``: shown
     that many px wide, e.g. to fit a projector)."""
-    st.image(picture, caption=caption, width=width or "content")
+    st.image(picture, caption=None if width else caption, width=width or "content")  # a projector: no long caption
     st.image(render.colorbar(cmap, width=width or picture.width, height=14), width=width or "content")
     st.caption(t("view.scale", lo=float(grid_map.min()), hi=float(grid_map.max())))
 

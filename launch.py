@@ -1,0 +1,57 @@
+"""``make run``: get the model ready, then start Streamlit in this same process.
+
+A plain ``streamlit run app.py`` answers at once but imports torch, torchvision and timm and loads the
+model on the first visit: the first student waited ~8 s. Here the server starts only once the imports
+are done, the default model is in the page's cache and one capture has run (PyTorch sets up its kernels
+on the first forward pass), so "You can now view your Streamlit app" means ready.
+
+    python launch.py [app.py] [streamlit options …]     # what `make run` runs
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+
+
+def warm() -> None:
+    """Import what the pages import, load the default model into the page's cache, capture once."""
+    start = time.perf_counter()
+    sys.path.insert(0, str(ROOT))
+    import attnviz
+    import classroom  # noqa: F401  (imports streamlit, ui)
+    import ui
+    import views  # noqa: F401  (altair, pandas, matplotlib)
+
+    # The page's own caches (st.cache_resource works before the server starts, and it is the same cache):
+    # the first visitor's run, with the sidebar's defaults and the first sample photo, then only reads them.
+    settings = ui.Settings(None, ui.DEFAULT_SIZES[0], None, "cpu", "crop")
+    name = ui.SAMPLES[next(iter(ui.SAMPLES))]
+    data = (ROOT / "assets" / name).read_bytes()
+    try:
+        model = ui.cached_model(*settings.key)
+        photo_digest = ui.digest(data)
+        checked = ui.checked_image(photo_digest, attnviz.photos.decode_side(model), name, _data=data, _model=model)
+        ui.cached_capture((*settings.key, model.size), photo_digest, settings.fit, _model=model, _image=checked)
+    except (TypeError, AttributeError):  # the caches' arguments changed: import, load and capture anyway
+        model = attnviz.load_model(device="cpu")
+        attnviz.capture(model, attnviz.read_photo(data, model).image)
+    print(f"attnviz: model ready in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if not args or args[0].startswith("-"):
+        args = [str(ROOT / "app.py"), *args]
+    print("attnviz: loading PyTorch and the model …", flush=True)
+    warm()
+    from streamlit.web import cli
+
+    sys.argv = ["streamlit", "run", *args]
+    sys.exit(cli.main())
+
+
+if __name__ == "__main__":
+    main()
