@@ -69,7 +69,7 @@ def cached_capture(
     return attnviz.capture(_model, _image.image, fit=fit)
 
 
-IMAGE_CACHE_ENTRIES = 16  # each at most 3136 × 783 px (attnviz.photos.read_photo): ≤ 7.4 MB
+IMAGE_CACHE_ENTRIES = 16  # each at most 2352 × 587 px (attnviz.photos.read_photo): ≤ 4.2 MB
 
 
 @st.cache_resource(show_spinner=False, max_entries=IMAGE_CACHE_ENTRIES)
