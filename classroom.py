@@ -53,7 +53,9 @@ def narrow() -> bool:
 # Phones: pictures and charts never wider than their column, and touch targets ≥ 40 px.
 # Presenter view: no chrome, a projector-sized type scale (labels and numbers ≥ 20 px).
 BASE_CSS = """
-[data-testid="stImage"] img { max-width: 100%; height: auto; }
+[data-testid="stImage"] img, [data-testid="stImageContainer"], [data-testid="stImageCaption"] {
+  max-width: 100%; height: auto; }
+.katex-display { overflow-x: auto; overflow-y: hidden; }
 [data-testid="stVegaLiteChart"], [data-testid="stDataFrame"], .stKatex, [data-testid="stMarkdownContainer"] {
   max-width: 100%; overflow-x: auto; }
 @media (max-width: 640px) {
@@ -92,10 +94,11 @@ BEHAVIOUR_JS = """
   doc.addEventListener("click", (event) => {
     const link = event.target.closest('[data-testid="stSidebar"] a');
     if (!link || window.innerWidth >= %(narrow)d) return;
-    setTimeout(() => {
-      const close = doc.querySelector('[data-testid="stSidebarCollapseButton"] button, [data-testid="stSidebarHeader"] button');
-      if (close && doc.querySelector('[data-testid="stSidebar"][aria-expanded="true"]')) close.click();
-    }, 50);
+    // the collapse button exists only while the sidebar is open; the new page may redraw it once
+    for (const wait of [100, 400, 1000]) setTimeout(() => {
+      const close = doc.querySelector('[data-testid="stSidebarCollapseButton"] button');
+      if (close) close.click();
+    }, wait);
   }, true);
 })();
 </script>
@@ -108,11 +111,16 @@ SCROLL_JS = """
 (() => {
   const started = Date.now();
   const timer = setInterval(() => {
+    if (Date.now() - started > 20000) return clearInterval(timer);
+    // after the run: Streamlit then has removed the previous view's pictures
+    if (Date.now() - started < 300 || document.querySelector('[data-testid="stStatusWidget"]')) return;
     const box = document.querySelector(".st-key-result");
     const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")] : [];
-    const picture = pictures.find((p) => p.getBoundingClientRect().height > 120 && (p.complete !== false));
-    if (picture) { clearInterval(timer); picture.scrollIntoView({block: "nearest", behavior: "instant"}); }
-    else if (Date.now() - started > 15000) clearInterval(timer);
+    const sized = pictures.map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
+    if (!sized.length || sized.some(([p]) => p.complete === false)) return;
+    clearInterval(timer);
+    const [picture] = sized.sort((a, b) => b[1] - a[1])[0];
+    picture.scrollIntoView({block: "nearest", behavior: "instant"});
   }, 100);
 })(/* %(token)s */);
 </script>

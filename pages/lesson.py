@@ -16,6 +16,7 @@ with startup.importing():
     import pandas as pd
     from PIL import Image, ImageDraw, ImageFont
 
+    import classroom
     import ui
     from attnviz import Capture, Model, lesson, render
     from ui import t
@@ -395,6 +396,7 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
 
 st.set_page_config(page_title="attnviz · lesson", page_icon="👁", layout="wide")
 ui.language_picker()
+classroom.chrome(present=False)
 settings = ui.model_settings()
 
 st.title(t("lesson.title"))
