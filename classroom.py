@@ -116,7 +116,8 @@ SCROLL_JS = """
     if (Date.now() - started < 300 || document.querySelector('[data-testid="stStatusWidget"]')) return;
     const box = document.querySelector(".st-key-result");
     const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")] : [];
-    const sized = pictures.map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
+    const sized = pictures.filter((p) => !p.closest('[data-stale="true"]'))
+      .map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
     if (!sized.length || sized.some(([p]) => p.complete === false)) return;
     clearInterval(timer);
     const [picture] = sized.sort((a, b) => b[1] - a[1])[0];

@@ -28,7 +28,8 @@ VIEWS = {  # view key → its label in English, as the View box shows it
 # The largest picture or chart of the view's result, and the page's widths.
 MEASURE = """() => {
   const box = document.querySelector('.st-key-result');
-  const all = box ? [...box.querySelectorAll('img, canvas, svg.marks')] : [];
+  const all = box ? [...box.querySelectorAll('img, canvas, svg.marks')].filter(
+    p => p.closest('[data-stale="true"]') === null) : [];  // not what the previous run left
   const big = all.map(p => p.getBoundingClientRect()).filter(r => r.height > 120).sort((a, b) => b.height - a.height);
   const main = document.querySelector('[data-testid="stMain"]');
   return {vw: window.innerWidth, vh: window.innerHeight, page: document.documentElement.scrollWidth,
@@ -64,11 +65,13 @@ def settle(page) -> None:
 
 
 SHOWN = {  # what each view's result shows once it is drawn
+    "query": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",
+    "heads": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",
     "stats": ".st-key-result [data-testid='stVegaLiteChart']",
     "relevance": ".st-key-result [data-testid='stAlertContentInfo']",
 }
 BIG_PICTURE = """() => [...document.querySelectorAll('.st-key-result img, .st-key-result canvas, .st-key-result svg.marks')]
-  .some(p => p.getBoundingClientRect().height > 120 && p.complete !== false)"""
+  .some(p => p.getBoundingClientRect().height > 120 && p.complete !== false && !p.closest('[data-stale="true"]'))"""
 
 
 def choose_view(page, key: str, label: str) -> None:
@@ -85,7 +88,7 @@ def choose_view(page, key: str, label: str) -> None:
     page.locator(".st-key-view input").and_(page.locator(f"[value^='{label[:12]}']")).wait_for(timeout=30_000)
     if key in SHOWN:
         page.locator(SHOWN[key]).first.wait_for(timeout=120_000)
-    else:
+    if key not in ("stats", "relevance"):
         page.wait_for_function(BIG_PICTURE, timeout=120_000)
     settle(page)
 

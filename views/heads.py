@@ -16,6 +16,7 @@ from .common import QUERY_COLOUR, data_url, download_png, selected_points
 CHART_KEY = "heads_chart"
 CELL_PX = 72  # side of one small map on the page
 NARROW_PX = 300  # a phone's column (358 px) less the layer axis: all heads + mean fit across it
+PRESENT_PX = 600  # a 720 px projector less the head axis: all layers fit down it
 MEAN = "mean"
 
 
@@ -68,7 +69,12 @@ def show(ctx: Context) -> None:
     st.subheader(t("analysis.heads.title", layers=num_layers, heads=num_heads))
     st.caption(t("analysis.heads.caption"))
     maps = cls_maps(cap)  # (L, H + 1, h, w)
-    cell = max(16, min(CELL_PX, NARROW_PX // (num_heads + 1) - 8)) if ctx.narrow else CELL_PX
+    cell = CELL_PX
+    if ctx.narrow:
+        cell = min(cell, NARROW_PX // (num_heads + 1) - 8)
+    if ctx.present:
+        cell = min(cell, PRESENT_PX // num_layers - 8)
+    cell = max(16, cell)
     small = ctx.view.resize((cell, cell), Image.Resampling.BICUBIC)
     tiles = [[render.overlay(small, maps[l, c], alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth)
               for c in range(num_heads + 1)]
