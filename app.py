@@ -25,7 +25,7 @@ unused = t("classroom.unused")
 st.sidebar.header(t("view.display"))
 alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, 0.6, 0.05, key="alpha", disabled=views.OPACITY not in used,
                           help=None if views.OPACITY in used else unused)
-cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", disabled=views.COLOURS not in used,
+cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"), disabled=views.COLOURS not in used,
                             help=None if views.COLOURS in used else unused)
 smooth = st.sidebar.toggle(t("view.smooth"), value=False, key="smooth", disabled=views.SMOOTH not in used,
                            help=t("view.smooth_help") if views.SMOOTH in used else unused)
@@ -67,7 +67,7 @@ with panel, st.container(key="controls"):
         layer = st.session_state.get("layer", cap.num_layers)
     if views.HEAD in used:
         head = head_col.selectbox(
-            t("view.head"), heads, key="head",
+            t("view.head"), heads, key="head", placeholder=t("classroom.choose"),
             format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h),
         )
     else:
@@ -85,7 +85,7 @@ with panel, st.container(key="controls"):
                 args = ("layer", layers, by, cap.num_layers) if needs == views.LAYER else ("head", heads, by, "mean")
                 column.button(t(label), key=key, on_click=step, args=args, width="stretch", shortcut=shortcut)
     chosen = view_col.selectbox(
-        t("views.choose"), list(views.VIEWS), key="view",
+        t("views.choose"), list(views.VIEWS), key="view", placeholder=t("classroom.choose"),
         format_func=lambda v: t(f"views.{v}") + (t("classroom.classifier_only") if v == "relevance"
                                                 and model.labels is None else ""),
     )

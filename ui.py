@@ -69,7 +69,7 @@ def cached_capture(
     return attnviz.capture(_model, _image.image, fit=fit)
 
 
-IMAGE_CACHE_ENTRIES = 16  # each at most 2352 × 587 px (attnviz.photos.read_photo): ≤ 4.2 MB
+IMAGE_CACHE_ENTRIES = 16  # each at most 4704 × 587 px (attnviz.photos.read_photo): ≤ 8.3 MB
 
 
 @st.cache_resource(show_spinner=False, max_entries=IMAGE_CACHE_ENTRIES)
@@ -170,7 +170,8 @@ def image_input() -> tuple[bytes, str] | None:
     if source == "camera":
         shot = st.camera_input(t("input.camera"), key="camera")
         return (shot.getvalue(), "camera.jpg") if shot is not None else None
-    sample = st.selectbox(t("input.sample"), list(SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample")
+    sample = st.selectbox(t("input.sample"), list(SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample",
+                          placeholder=t("classroom.choose"))
     return (ASSETS / SAMPLES[sample]).read_bytes(), SAMPLES[sample]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from .images import CheckedImage, open_image
 from .models import Fit, Model
 
-LONGEST = 8  # the longer side is kept at most 8 decode sides: a 4000 × 200 panorama is not kept whole
+LONGEST = 16  # the longer side is kept at most 16 decode sides (4704 px at 196 px): 60 × 3000 strips stay whole
 CROP_NOTE_BELOW = 0.5  # say so when the centre crop shows the model less than half of a long picture
 
 
@@ -36,7 +36,7 @@ def decode_side(model: Model) -> int:
 def read_photo(data: bytes, model: Model, name: str = "the file") -> CheckedImage:
     """``data`` decoded upright, in RGB, at the size ``model`` needs; raises :class:`ImageError`.
 
-    At most ``LONGEST · decode_side`` pixels a side (2352 px for the default model): ≤ 4.2 MB decoded.
+    At most ``LONGEST · decode_side`` pixels a side (4704 px for the default model): ≤ 8.3 MB decoded.
     """
     side = decode_side(model)
     return open_image(data, name, shorter_side=side, max_side=LONGEST * side)

@@ -32,10 +32,18 @@ WATCH = """() => { window.__heatAt = null; const timer = setInterval(() => {
 
 
 def phone_jpeg(seed: int, size: tuple[int, int] = (4032, 3024)) -> bytes:
-    """A 12-megapixel, photo-like JPEG as a phone saves it (~2 MB), different for every seed."""
+    """A 12-megapixel, photo-like JPEG as a phone saves it, a different scene for every seed: the photo
+    helper's gradients turned one of 8 ways and a dark disc somewhere on a 6 × 5 grid."""
+    from PIL import Image, ImageDraw
+
     from make_corpus import encode, photo
 
-    return encode(photo(*size, seed=seed), "JPEG", quality=90)
+    w, h = size
+    picture = photo(*size, seed=seed).transpose(list(Image.Transpose)[seed % 7]).resize(size)
+    col, row = seed % 6, (seed // 6) % 5
+    cx, cy, r = (col + 0.5) * w / 6, (row + 0.5) * h / 5, h / 7
+    ImageDraw.Draw(picture).ellipse((cx - r, cy - r, cx + r, cy + r), fill=(20, 30, 60))
+    return encode(picture, "JPEG", quality=90)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
     previous = st.session_state.get(memory)
     index = options.index(previous) if previous in options else 0
     lang = st.session_state.get("lang", "en")
+    if widget.__name__ == "selectbox":  # Streamlit's own "Choose an option", in the reader's language
+        kwargs.setdefault("placeholder", t("classroom.choose"))
     value = widget(label, options, index=index, key=f"{key}.{lang}", format_func=format_func, **kwargs)
     st.session_state[memory] = value
     return value

@@ -242,4 +242,4 @@ def test_clicking_a_patch_and_a_cell_in_a_real_browser():
             time.sleep(0.5)
         assert layer.inner_text().strip() == "3"
         head = page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input")
-        assert head.input_value() == "2"
+        assert head.input_value() == "head 2"

@@ -55,6 +55,7 @@ def show(ctx: Context) -> None:
     with right:
         st.selectbox(
             t("analysis.query.token"), options, key="query_token", help=t("analysis.query.help"),
+            placeholder=t("classroom.choose"),
             format_func=lambda o: t("analysis.query.patch_option") if o == PATCH else token_label(o, prefix, cap.grid),
         )
     query = current_query(cap)
