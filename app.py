@@ -32,6 +32,8 @@ smooth = st.sidebar.toggle(t("view.smooth"), value=False, key="smooth", disabled
 
 if present:
     result, panel = st.columns([3, 2], gap="medium")
+    panel.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting, type="tertiary",
+                 icon=":material/close_fullscreen:")
     photo_place = panel.expander(t("input.source"))
 else:
     st.title(t("app.title"))
@@ -103,4 +105,3 @@ classroom.bring_into_view(f"{cap_key[1]}:{chosen}:{present}")
 if present:
     with panel:
         classroom.join_box()
-        st.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting)
