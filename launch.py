@@ -62,6 +62,33 @@ def warm() -> None:
     print(f"attnviz: model ready in {time.perf_counter() - start:.1f} s", flush=True)
 
 
+def housekeeping(first_after_s: float = 5.0, every_s: float = 10.0) -> None:
+    """A daemon thread for a long-running class server.
+
+    Once the server is up, its own objects (Streamlit, Starlette, the imports of the first runs) are moved
+    out of the garbage collector's sight like the model's were (``gc.freeze``): the full collection
+    Streamlit runs after every script run then walks only what sessions create. Every ``every_s`` the
+    memory freed by finished forward passes is handed back to the system (``malloc_trim``), so the
+    server's resident size follows what it holds rather than its peak during a rush of uploads.
+    """
+    import gc
+    import threading
+
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        trim = None
+
+    def run() -> None:
+        time.sleep(first_after_s)
+        gc.freeze()
+        while trim is not None:
+            trim(0)
+            time.sleep(every_s)
+
+    threading.Thread(target=run, name="attnviz-housekeeping", daemon=True).start()
+
+
 def main() -> None:
     args = sys.argv[1:]
     if not args or args[0].startswith("-"):
@@ -72,6 +99,7 @@ def main() -> None:
     from streamlit.web import cli
 
     sys.argv = ["streamlit", "run", *args]
+    housekeeping()
     sys.exit(cli.main())
 
 
