@@ -25,8 +25,8 @@ unused = t("classroom.unused")
 st.sidebar.header(t("view.display"))
 alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, 0.6, 0.05, key="alpha", disabled=views.OPACITY not in used,
                           help=None if views.OPACITY in used else unused)
-cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"), disabled=views.COLOURS not in used,
-                            help=None if views.COLOURS in used else unused)
+cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"),
+                            disabled=views.COLOURS not in used, help=None if views.COLOURS in used else unused)
 smooth = st.sidebar.toggle(t("view.smooth"), value=False, key="smooth", disabled=views.SMOOTH not in used,
                            help=t("view.smooth_help") if views.SMOOTH in used else unused)
 
@@ -74,7 +74,7 @@ with panel, st.container(key="controls"):
         )
     else:
         head = st.session_state.get("head", "mean")
-    if present and used & {views.LAYER, views.HEAD}:  # big buttons, pressed by ←/→ and ↑/↓ too (Streamlit's shortcuts)
+    if present and used & {views.LAYER, views.HEAD}:  # big buttons; ←/→ and ↑/↓ press them (shortcuts)
         buttons = st.columns(4)
         layers = list(range(1, cap.num_layers + 1))
         for column, key, label, by, needs, shortcut in (

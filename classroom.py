@@ -70,7 +70,8 @@ BASE_CSS = """
 """
 PRESENT_CSS = """
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stHeader"],
-[data-testid="stToolbar"], [data-testid="stDecoration"], [data-testid="stExpandSidebarButton"] { display: none !important; }
+[data-testid="stToolbar"], [data-testid="stDecoration"], [data-testid="stExpandSidebarButton"] {
+  display: none !important; }
 .block-container { padding: 0.75rem 1.25rem 1rem 1.25rem !important; max-width: 100% !important; }
 [data-testid="stWidgetLabel"] p, [data-testid="stWidgetLabel"] label { font-size: 22px !important; }
 [data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] p { font-size: 20px !important; }

@@ -124,7 +124,8 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
     import pandas as pd
 
     h, w = grid
-    side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)  # the browser scales the picture; cells stay exact
+    # the browser scales the picture; the cells stay exact
+    side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)
     cells = pd.DataFrame([(r, c, r + 1, c + 1) for r in range(h) for c in range(w)], columns=["row", "col", "r1", "c1"])
     x = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     y = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
