@@ -24,7 +24,7 @@ HEAVY_JOBS ?= $(ATTNVIZ_HEAVY_JOBS)
 
 run: setup
 	ATTNVIZ_CHECKPOINTS="$(CHECKPOINTS)" ATTNVIZ_ALLOW_DOWNLOADS="$(DOWNLOADS)" ATTNVIZ_MAX_PARAMS="$(MAX_PARAMS)" \
-	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/streamlit run app.py
+	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/python launch.py  # warms the model, then `streamlit run app.py`
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -17,7 +17,7 @@ import attnviz
 from attnviz import i18n
 from attnviz import serving
 from attnviz.errors import HubUnavailable, ModelError
-from attnviz.images import CheckedImage, ImageError, open_image
+from attnviz.images import KIND_IDS, CheckedImage, ImageError
 
 ASSETS = Path(__file__).with_name("assets")
 SAMPLES = {"cat": "cat.jpg", "coffee": "coffee.jpg", "astronaut": "astronaut.jpg", "rocket": "rocket.jpg"}
@@ -74,18 +74,19 @@ def cached_capture(
     return attnviz.capture(_model, _image.image, fit=fit)
 
 
-MAX_SIDE = 2048  # decoded photos are kept at most this large: ≤ 12.6 MB per cached entry
-IMAGE_CACHE_ENTRIES = 16
+IMAGE_CACHE_ENTRIES = 16  # each at most 4704 × 587 px (attnviz.photos.read_photo): ≤ 8.3 MB
 
 
 @st.cache_resource(show_spinner=False, max_entries=IMAGE_CACHE_ENTRIES)
-def checked_image(digest: str, name: str, _data: bytes) -> CheckedImage | ImageError:
-    """The decoded image, or the reason it cannot be used (never raises). Both are immutable.
+def checked_image(digest: str, side: int, name: str, _data: bytes, _model: attnviz.Model) -> CheckedImage | ImageError:
+    """The photo decoded for ``_model`` exactly as the CLI and the library decode it, or the reason it
+    cannot be used (never raises). Both are immutable.
 
-    Keyed by the bytes' ``digest`` (computed once per run), so Streamlit does not hash the upload again.
+    Keyed by the bytes' ``digest`` (computed once per run, so Streamlit does not hash the upload again)
+    and the model's decode side.
     """
     try:
-        return open_image(_data, name, max_side=MAX_SIDE)
+        return attnviz.read_photo(_data, _model, name)
     except ImageError as e:
         return e
 
@@ -97,11 +98,16 @@ def escape_markdown(text: str) -> str:
 
 def image_message(error: ImageError) -> str:
     values = {k: escape_markdown(v) if isinstance(v, str) else v for k, v in error.values.items()}
+    for word in ("kind", "format"):  # "a PDF document", "picture": phrases, said in the reader's language
+        if values.get(word) in KIND_IDS:
+            values[word] = t(f"images.kind_{KIND_IDS[error.values[word]]}")
     return t(f"images.{error.key}", **{**values, "formats": t("images.formats")})
 
 
-def image_notes(checked: CheckedImage) -> list[str]:
-    return [t(f"images.note_{key}", **values) for key, values in checked.note_keys]
+def image_notes(checked: CheckedImage, model: attnviz.Model, fit: str) -> list[str]:
+    """What a person should know about the photo: how it was decoded and how the model sees it."""
+    notes = [*checked.note_keys, *attnviz.photos.view_notes(checked.image.size, model, fit)]
+    return [t(f"images.note_{key}", **values) for key, values in notes]
 
 
 @dataclass(frozen=True)
@@ -285,7 +291,8 @@ def image_input(model: attnviz.Model | None = None, settings: Settings | None = 
     if source == "camera":
         shot = st.camera_input(t("input.camera"), key="camera")
         return (shot.getvalue(), "camera.jpg") if shot is not None else None
-    sample = st.selectbox(t("input.sample"), list(SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample")
+    sample = st.selectbox(t("input.sample"), list(SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample",
+                          placeholder=t("classroom.choose"))
     return (ASSETS / SAMPLES[sample]).read_bytes(), SAMPLES[sample]
 
 
@@ -321,11 +328,11 @@ def capture_or_stop(
         st.stop()
     data, filename = picked
     photo_digest = digest(data)
-    checked = checked_image(photo_digest, filename, _data=data)
+    checked = checked_image(photo_digest, attnviz.photos.decode_side(model), filename, _data=data, _model=model)
     if isinstance(checked, ImageError):
         st.error(image_message(checked))
         st.stop()
-    for note in image_notes(checked):
+    for note in image_notes(checked, model, settings.fit):
         st.info(t("input.note", note=note))
     key = ((*settings.key, model.size), photo_digest, settings.fit)
     with st.spinner(t("capture.running")):

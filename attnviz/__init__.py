@@ -2,7 +2,7 @@
 
     >>> from attnviz import load_model, capture
     >>> model = load_model()                      # offline DINOv2-style ViT-S/14 at 196 px
-    >>> cap = capture(model, PIL.Image.open("cat.jpg"))
+    >>> cap = capture(model, load_photo("cat.jpg", model).image)  # decoded as the page and CLI do
     >>> cap.weights(11, "mean").shape             # (N, N) = (197, 197)
     >>> cap.cls_map(11, 0).shape                  # (h, w) = (14, 14)
 
@@ -18,6 +18,7 @@ from .export import load_capture, save_capture
 from .html import show
 from .masks import MassMask, draw_mask, mass_mask
 from .models import HUB_MODELS, Model, load_model, wrap
+from .photos import load_photo, read_photo
 from .relevance import RelevanceError, attention_forward, class_relevance, relevance_map
 from .rollout import cls_rollout_grid, layer_flow, rollout_map, rollout_matrix, rollout_row
 from .stats import HeadStats, head_stats
@@ -30,5 +31,6 @@ __all__ = [
     "cls_rollout_grid", "layer_flow", "rollout_map", "rollout_matrix", "rollout_row", "rollout",
     "HeadStats", "head_stats", "stats",
     "load_capture", "save_capture", "show",
+    "load_photo", "read_photo",
 ]
 __version__ = "0.1.0"

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from . import capture, export as exporting, i18n, load_model, render
-from .images import ImageError, open_image
+from .images import ImageError
+from .photos import read_photo
 from .models import ModelError
 
 
@@ -40,7 +41,7 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
     from . import html, sweep
     from .rollout import cls_rollout_grid
 
-    checked = open_image(path.read_bytes(), path.name)
+    checked = read_photo(path.read_bytes(), model, path.name)  # decoded exactly as the page decodes it
     cap = capture(model, checked.image, fit=args.fit)
     about = exporting.describe(model, cap, source=path.name, weights=weights, source_size=checked.image.size)
     # (h, w): CLS rollout, head mean, no discard, residual 0.5

@@ -16,6 +16,7 @@ with startup.importing():
     import pandas as pd
     from PIL import Image, ImageDraw, ImageFont
 
+    import classroom
     import heavy
     import ui
     from attnviz import Capture, Model, lesson, render
@@ -46,6 +47,8 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
     previous = st.session_state.get(memory)
     index = options.index(previous) if previous in options else 0
     lang = st.session_state.get("lang", "en")
+    if widget.__name__ == "selectbox":  # Streamlit's own "Choose an option", in the reader's language
+        kwargs.setdefault("placeholder", t("classroom.choose"))
     value = widget(label, options, index=index, key=f"{key}.{lang}", format_func=format_func, **kwargs)
     st.session_state[memory] = value
     return value
@@ -391,6 +394,7 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
 
 st.set_page_config(page_title="attnviz · lesson", page_icon="👁", layout="wide")
 ui.language_picker()
+classroom.chrome(present=False)
 settings = ui.model_settings()
 
 st.title(t("lesson.title"))

@@ -68,10 +68,10 @@ def test_file_names_are_not_read_as_markdown_and_messages_are_translated(app):
     app.radio(key="source").set_value("upload").run()
     app.file_uploader(key="upload").set_value(("**x**[a](b).png", b"plain text", "image/png")).run()
     assert [e.value for e in app.error] == [
-        r"\*\*x\*\*\[a\]\(b\).png is not an image this app can read (use JPEG, PNG, WebP, GIF, BMP or TIFF)."
+        r"\*\*x\*\*\[a\]\(b\).png is not an image this app can read (use JPEG, PNG, HEIC, AVIF, WebP, GIF, BMP or TIFF)."
     ]
     app.selectbox(key="lang").set_value("zh-TW").run()
-    assert app.error[0].value.endswith("不是這個程式能讀取的圖片（請使用 JPEG、PNG、WebP、GIF、BMP 或 TIFF）。")
+    assert app.error[0].value.endswith("不是這個程式能讀取的圖片（請使用 JPEG、PNG、HEIC、AVIF、WebP、GIF、BMP 或 TIFF）。")
     assert not app.exception
 
 

@@ -67,7 +67,7 @@ def test_upload_then_switch_layer_and_head(server, real_model):
 
         # Head: open the select box and pick head 3
         page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input").click()
-        page.get_by_role("option", name="3", exact=True).click()
+        page.get_by_role("option", name="head 3", exact=True).click()
         third = wait_for_new_heatmap(page, second)
         page.get_by_text("Layer 8, head 3: where the class token looks").wait_for()
         assert len({first, second, third}) == 3

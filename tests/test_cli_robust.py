@@ -11,7 +11,6 @@ import pytest
 
 import attnviz
 from attnviz import cli
-from attnviz.images import open_image
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
 from make_corpus import photo, write_corpus  # noqa: E402
@@ -53,7 +52,7 @@ def test_exported_attention_equals_a_fresh_capture(corpus, tiny, tmp_path, monke
     entry, path = next((e, p) for e, p in corpus if e.name == "exif_orientation_6.jpg")
     assert cli.main(["export", str(path), "--out", str(tmp_path), "--quiet"]) == 0
     saved = np.load(tmp_path / "exif_orientation_6.npz")
-    expected = attnviz.capture(tiny, open_image(entry.data).image)
+    expected = attnviz.capture(tiny, attnviz.read_photo(entry.data, tiny).image)
     assert np.array_equal(saved["attention"], expected.all_weights())
     assert np.array_equal(saved["input"], expected.input.numpy())
 

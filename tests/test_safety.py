@@ -203,6 +203,7 @@ def test_decoded_image_cache_is_bounded_in_bytes():
     from make_corpus import encode, photo
 
     data = encode(photo(6000, 4000), "JPEG", quality=70)  # a 24-megapixel phone photo
-    checked = ui.checked_image.__wrapped__(ui.digest(data), "big.jpg", data)
+    model = attnviz.load_model(device="cpu")
+    checked = ui.checked_image.__wrapped__(ui.digest(data), 0, "big.jpg", data, model)
     per_entry = checked.image.width * checked.image.height * 3
     assert per_entry * ui.checked_image._info.max_entries <= 512 * 2**20

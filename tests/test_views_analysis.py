@@ -129,10 +129,10 @@ def test_stats_view_reference_lines(app):
     assert "One patch is 14 px wide" in captions
 
 
-def test_relevance_view_is_disabled_without_a_classifier(app):
+def test_relevance_view_explains_itself_without_a_classifier(app):
     choose(app, "relevance")
-    assert app.selectbox(key="relevance_class_disabled").disabled
-    assert "no classifier head" in app.info[-1].value
+    assert all(s.key != "relevance_class_disabled" for s in app.selectbox)
+    assert "needs a classifier" in app.info[-1].value and "vit_base_patch16_224" in app.info[-1].value
 
 
 def relevance_script():
@@ -242,4 +242,4 @@ def test_clicking_a_patch_and_a_cell_in_a_real_browser():
             time.sleep(0.5)
         assert layer.inner_text().strip() == "3"
         head = page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input")
-        assert head.input_value() == "2"
+        assert head.input_value() == "head 2"

@@ -27,9 +27,37 @@ class Context:
     smooth: bool
     fit: str
     cap_key: tuple = ()  # the capture's cache key (model, photo, fit): shared heavy jobs are keyed by it
+    present: bool = False  # presenter view: the picture large, side panels left out
+    narrow: bool = False  # a phone: clickable charts drawn to fit a 358 px column
 
 
 from . import cls, heads, mask, matrix, norms, query, relevance, rollout, stats  # noqa: E402  (views import Context from here)
+
+# Which of the page's shared controls each view reads; the page hides or disables the others there
+# ("every control on screen does something"). Rollout and class-specific maps have their own layer range
+# and head fusion; head statistics show every layer and head at once; mass masks draw no colours.
+LAYER, HEAD, OPACITY, COLOURS, SMOOTH = "layer", "head", "alpha", "cmap", "smooth"
+ALL = frozenset({LAYER, HEAD, OPACITY, COLOURS, SMOOTH})
+CONTROLS: dict[str, frozenset[str]] = {
+    "cls": ALL,
+    "query": ALL,
+    "matrix": frozenset({LAYER, HEAD, COLOURS}),
+    "heads": ALL,
+    "rollout": frozenset({OPACITY, COLOURS, SMOOTH}),
+    "mask": frozenset({LAYER, HEAD}),
+    "stats": frozenset(),
+    "relevance": frozenset({OPACITY, COLOURS, SMOOTH}),
+    "norms": frozenset({LAYER, OPACITY, COLOURS, SMOOTH}),  # token norms are per layer, not per head
+}
+
+
+def controls(view: str, state) -> frozenset[str]:
+    """The shared controls ``view`` reads, given the session's own choices inside the view."""
+    used = CONTROLS.get(view, ALL)
+    if view == "mask" and state.get("mask_source") == "heads":  # one mask per head: Head is not read
+        used = used - {HEAD}
+    return used
+
 
 VIEWS: dict[str, Callable[[Context], None]] = {
     "cls": cls.show,

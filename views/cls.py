@@ -12,13 +12,16 @@ from ui import t
 from . import Context
 from .common import download_png, enlarge, head_label, heatmap
 from .norms import mark_high_norm, norm_sentence
+from .takeaway import downloads as take_away
 
 
 def no_class_token_note(cap) -> None:
     """Say once, where a map would be the class token's, what is shown instead."""
     if not cap.has_class_token:
         st.info(t("families.no_cls_note", p=cap.num_tokens - cap.num_prefix_tokens))
-from .takeaway import downloads as take_away
+
+
+PRESENT_PX = 500  # 69 % of a 720 px projector, leaving room for the title and the scale
 
 
 def show(ctx: Context) -> None:
@@ -27,15 +30,21 @@ def show(ctx: Context) -> None:
     picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
     picture = mark_high_norm(picture, cap, ctx.layer)
     patches = cap.num_tokens - cap.num_prefix_tokens
+    if cap.has_class_token:
+        title = t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head))
+        caption = t("view.caption", h=cap.grid[0], w=cap.grid[1])
+    else:
+        title = t("families.no_cls_title", layer=ctx.layer + 1, head=head_label(ctx.head))
+        caption = t("families.no_cls_caption", h=cap.grid[0], w=cap.grid[1], p=patches)
+    if ctx.present:  # the projector: the picture as large as the screen allows, the facts left out
+        st.subheader(title)
+        heatmap(picture, grid_map, ctx.cmap, caption, width=PRESENT_PX)
+        return
     left, right = st.columns([3, 2], gap="large")
     with left:
-        if cap.has_class_token:
-            st.subheader(t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head)))
-            heatmap(picture, grid_map, ctx.cmap, t("view.caption", h=cap.grid[0], w=cap.grid[1]))
-        else:
-            no_class_token_note(cap)
-            st.subheader(t("families.no_cls_title", layer=ctx.layer + 1, head=head_label(ctx.head)))
-            heatmap(picture, grid_map, ctx.cmap, t("families.no_cls_caption", h=cap.grid[0], w=cap.grid[1], p=patches))
+        no_class_token_note(cap)
+        st.subheader(title)
+        heatmap(picture, grid_map, ctx.cmap, caption)
         with st.expander(t("view.reading")):
             if cap.has_class_token:
                 reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens)

@@ -21,10 +21,11 @@ def head_label(head) -> str:
     return t(f"view.head_{head}") if isinstance(head, str) else t("view.head_n", n=head + 1)
 
 
-def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str) -> None:
-    """Show an overlay with its colour bar and the numbers at both ends of the scale."""
-    st.image(picture, caption=caption)
-    st.image(render.colorbar(cmap, width=picture.width, height=14))
+def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str, width: int | None = None) -> None:
+    """Show an overlay with its colour bar and the numbers at both ends of the scale (``width``: shown
+    that many px wide, e.g. to fit a projector)."""
+    st.image(picture, caption=None if width else caption, width=width or "content")  # a projector: no long caption
+    st.image(render.colorbar(cmap, width=width or picture.width, height=14), width=width or "content")
     st.caption(t("view.scale", lo=float(grid_map.min()), hi=float(grid_map.max())))
 
 
@@ -39,6 +40,7 @@ def download_png(picture: Image.Image, file_name: str, key: str) -> None:
 QUERY_COLOUR = (0, 255, 255)  # cyan: the query patch / chosen cell, visible on every colour map
 FIGURE_FONTS = ["DejaVu Sans", "Noto Sans CJK TC", "Noto Sans CJK JP"]
 CHART_PX = 512  # side of a clickable picture: fits the wide column of a 1280 px screen
+NARROW_CHART_PX = 340  # … and a phone's 358 px column
 
 
 def remember(name: str, cap, args: tuple, compute):
@@ -113,7 +115,7 @@ def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str) -> Non
     st.caption(t("analysis.scale_units", lo=float(grid_map.min()), hi=float(grid_map.max()), units=units))
 
 
-def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select) -> None:
+def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select, narrow: bool = False) -> None:
     """``picture`` drawn by Altair with an invisible grid of patches on top; a click selects a patch.
 
     The selection ``patch`` holds ``{"row": r, "col": c}`` (0-based); ``on_select`` runs as the callback.
@@ -122,7 +124,8 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
     import pandas as pd
 
     h, w = grid
-    side = min(picture.width, CHART_PX)  # the browser scales the picture; the cells stay exact
+    # the browser scales the picture; the cells stay exact
+    side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)
     cells = pd.DataFrame([(r, c, r + 1, c + 1) for r in range(h) for c in range(w)], columns=["row", "col", "r1", "c1"])
     x = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     y = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)

@@ -16,6 +16,8 @@ from .common import QUERY_COLOUR, data_url, download_png, selected_points
 
 CHART_KEY = "heads_chart"
 CELL_PX = 72  # side of one small map on the page
+NARROW_PX = 300  # a phone's column (358 px) less the layer axis: all heads + mean fit across it
+PRESENT_PX = 600  # a 720 px projector less the head axis: all layers fit down it
 MEAN = "mean"
 
 
@@ -72,9 +74,15 @@ def show(ctx: Context) -> None:
     st.subheader(t("analysis.heads.title", layers=num_layers, heads=num_heads))
     st.caption(t("analysis.heads.caption"))
     maps = cls_maps(cap)  # (L, H + 1, h, w)
-    small = ctx.view.resize((CELL_PX, CELL_PX), Image.Resampling.BICUBIC)
-    alpha = max(ctx.alpha, 0.75)  # small pictures: let the map dominate
-    tiles = [[render.overlay(small, maps[l, c], alpha=alpha, cmap=ctx.cmap) for c in range(num_heads + 1)]
+    cell = CELL_PX
+    if ctx.narrow:
+        cell = min(cell, NARROW_PX // (num_heads + 1) - 8)
+    if ctx.present:
+        cell = min(cell, PRESENT_PX // num_layers - 8)
+    cell = max(16, cell)
+    small = ctx.view.resize((cell, cell), Image.Resampling.BICUBIC)
+    tiles = [[render.overlay(small, maps[l, c], alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth)
+              for c in range(num_heads + 1)]
              for l in range(num_layers)]
     names = [*(str(k + 1) for k in range(num_heads)), MEAN]
     chosen_head = MEAN if ctx.head == MEAN else (str(ctx.head + 1) if isinstance(ctx.head, int) else None)
@@ -91,13 +99,13 @@ def show(ctx: Context) -> None:
     y = alt.Y("layer:O", title=t("analysis.heads.layer"), scale=alt.Scale(paddingInner=0.08, paddingOuter=0.02))
     pick = alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False)
     base = alt.Chart(cells).encode(x=x, y=y)
-    images = base.mark_image(width=CELL_PX, height=CELL_PX).encode(url="url:N")
+    images = base.mark_image(width=cell, height=cell).encode(url="url:N")
     frames = base.mark_rect(fill="white", fillOpacity=0.01, strokeWidth=3).encode(
         stroke=alt.condition("datum.chosen", alt.value("#00ffff"), alt.value("transparent")),
         tooltip=[alt.Tooltip("layer:O", title=t("analysis.heads.layer")),
                  alt.Tooltip("head:N", title=t("analysis.heads.head"))],
     ).add_params(pick)
-    step = CELL_PX + 8
+    step = cell + 8
     chart = alt.layer(images, frames).properties(
         width=alt.Step(step), height=alt.Step(step)
     ).configure_view(strokeWidth=0).configure_axis(labelFontSize=13, titleFontSize=14)

@@ -86,7 +86,7 @@ def show(ctx: Context) -> None:
     pick, scale = st.columns([3, 2])
     st.session_state["matrix_query"] = current_query(cap)  # follows the query view's choice
     query = pick.selectbox(
-        t("analysis.matrix.query"), range(n), key="matrix_query",
+        t("analysis.matrix.query"), range(n), key="matrix_query", placeholder=t("classroom.choose"),
         format_func=lambda i: token_label(i, prefix, cap.grid),
         on_change=lambda: set_query(cap, st.session_state["matrix_query"]),
     )

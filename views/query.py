@@ -55,6 +55,7 @@ def show(ctx: Context) -> None:
     with right:
         st.selectbox(
             t("analysis.query.token"), options, key="query_token", help=t("analysis.query.help"),
+            placeholder=t("classroom.choose"),
             format_func=lambda o: t("analysis.query.patch_option") if o == PATCH else token_label(o, prefix, cap.grid),
         )
     query = current_query(cap)
@@ -67,7 +68,7 @@ def show(ctx: Context) -> None:
 
     with left:
         st.subheader(t("analysis.query.title", layer=ctx.layer + 1, head=head_label(ctx.head), token=label))
-        clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked)
+        clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow)
         st.caption(t("analysis.query.caption"))
         colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.query.units", n=cap.num_tokens))
         download_png(picture, f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_query")

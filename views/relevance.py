@@ -26,9 +26,8 @@ def top_classes(ctx: Context) -> list[tuple[int, str, float]]:
 def show(ctx: Context) -> None:
     st.markdown(t("analysis.relevance.explain"))
     top = top_classes(ctx)
-    if not top:
-        st.selectbox(t("analysis.relevance.choose"), ["—"], disabled=True, key="relevance_class_disabled")
-        st.info(t("analysis.relevance.disabled", reason=t("facts.no_classes")))
+    if not top:  # a self-supervised model: say what the map needs and how to get there, no dead controls
+        st.info(t("classroom.relevance_self_supervised", model=ctx.model.name), icon=":material/info:")
         return
     index, label, _ = st.radio(
         t("analysis.relevance.choose"), top, key=None, horizontal=True,

@@ -31,7 +31,8 @@ def show(ctx: Context) -> None:
     c1, c2, c3 = st.columns([3, 2, 2])
     first, last = c1.slider(t("analysis.rollout.layers"), 1, last_layer, (1, last_layer), key="rollout_layers")
     fusion = c2.selectbox(
-        t("analysis.fusion"), HEAD_FUSIONS, key="rollout_fusion", format_func=lambda h: t(f"view.head_{h}")
+        t("analysis.fusion"), HEAD_FUSIONS, key="rollout_fusion", format_func=lambda h: t(f"view.head_{h}"),
+        placeholder=t("classroom.choose"),
     )
     discard = c3.slider(
         t("analysis.rollout.discard"), 0.0, 0.95, 0.0, 0.05, key="rollout_discard",

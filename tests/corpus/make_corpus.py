@@ -76,6 +76,16 @@ def encode(im: Image.Image, fmt: str, **kw) -> bytes:
     return buffer.getvalue()
 
 
+def heif_bytes(im: Image.Image, exif: bytes) -> bytes:
+    """HEIC as an iPhone saves it (pillow-heif's encoder at its fastest preset: ~1 s for 12 megapixels)."""
+    from pillow_heif import from_pillow
+
+    buffer = io.BytesIO()
+    heif = from_pillow(im)
+    heif.save(buffer, quality=85, exif=exif, enc_params={"preset": "ultrafast"})
+    return buffer.getvalue()
+
+
 # --- hand-made bytes --------------------------------------------------------------------------
 
 def png_chunk(kind: bytes, body: bytes) -> bytes:
@@ -145,7 +155,7 @@ def zip_bytes() -> bytes:
 NOT_IMAGE = r"is not an image this app can read \(use JPEG, PNG"
 OTHER = r"which this app cannot read \(use JPEG, PNG"
 DAMAGED = r"is damaged or cut short"
-BAD_HEADER = r"looks like a (PNG|JPEG|GIF|picture) file but its header is damaged"
+BAD_HEADER = r"looks like a (PNG|JPEG|GIF|HEIC|AVIF|picture) file but its header is damaged"
 TOO_MANY = r"megapixels"
 
 
@@ -171,7 +181,8 @@ def entries() -> list[Entry]:
     bad("photos.zip", zip_bytes(), "not-image", r"is a ZIP archive, " + OTHER)
     bad("photos.jpg", zip_bytes(), "not-image", r"is a ZIP archive, " + OTHER)
     bad("noise.jpg", rng.integers(0, 256, 4096, dtype=np.uint8).tobytes(), "not-image", NOT_IMAGE)
-    bad("iphone.heic", b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64), "not-image", r"HEIC.*, " + OTHER)
+    bad("iphone.heic", b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64), "broken",
+        r"looks like a HEIC file but its header is damaged")
 
     # Broken images.
     bad("truncated.jpg", jpeg[: len(jpeg) // 2], "broken", DAMAGED)
@@ -244,6 +255,17 @@ def entries() -> list[Entry]:
          (64, 8), probes=[((0.0, 0.5), BLACK), ((0.99, 0.5), WHITE)])
     good("photo_24mp.jpg", encode(photo(6000, 4000, seed=24), "JPEG", quality=80), (6000, 4000),
          probes=[((0.6, 0.4), (250, 220, 30))])
+    # Phone photos: 12-megapixel pictures stored sideways with an orientation tag, as phones save them.
+    phone = quadrants(4032, 3024)
+    good("phone_12mp_rotated.jpg", encode(stored_for(phone, 6), "JPEG", quality=90, exif=exif_block(6)),
+         (4032, 3024), r"upright", QUADRANT_PROBES)
+    good("iphone_12mp_rotated.heic", heif_bytes(stored_for(phone, 6), exif_block(6)), (4032, 3024), r"upright",
+         QUADRANT_PROBES)
+    good("phone_rotated.avif", encode(stored_for(quadrants(640, 480), 8), "AVIF", quality=90, speed=10,
+         exif=exif_block(8)), (640, 480), r"upright", QUADRANT_PROBES)
+    good("photo.avif", encode(quadrants(64, 48), "AVIF", quality=95, speed=10), (64, 48), probes=QUADRANT_PROBES)
+    heic = heif_bytes(photo(640, 480), exif_block(1))
+    bad("cut.heic", heic[: len(heic) // 2], "broken", f"{DAMAGED}|{BAD_HEADER}")
     good("../../../etc/passwd.png", encode(quadrants(16, 16), "PNG"), (16, 16), probes=QUADRANT_PROBES)
     return out
 

@@ -1,0 +1,201 @@
+"""``python -m bench.classroom``: a class at once, and where one phone photo's time goes.
+
+Thirty browser sessions (one headless Chromium, one server started as ``make run`` starts it) each upload
+their own 12-megapixel phone JPEG within a few seconds; we time upload → heatmap in every page and read
+the server's CPU time and resident memory. Then the stages of one upload, one by one in this process:
+decoding, capture, overlay, picture encoding. And the warm start: a fresh server's first visitor.
+
+Issue #10's targets on a 2-core machine: median ≤ 3 s, p95 ≤ 5 s, server CPU ≤ 0.15 s per upload,
+server memory ≤ 1.5 GB afterwards, first heatmap ≤ 2 s after the server says it is ready.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "corpus"))
+
+HEATMAP = ".st-key-result [data-testid='stImage'] img"
+LAUNCHER = [sys.executable, str(ROOT / "launch.py")]  # what `make run` runs
+# Kept in each page: the moment its first heatmap picture has arrived and is drawn (one clock: the browser's).
+WATCH = """() => { window.__heatAt = null; const timer = setInterval(() => {
+  const i = document.querySelector(".st-key-result [data-testid='stImage'] img");
+  if (i && i.complete && i.naturalWidth > 0) { window.__heatAt = Date.now(); clearInterval(timer); } }, 20); }"""
+
+
+def phone_jpeg(seed: int, size: tuple[int, int] = (4032, 3024)) -> bytes:
+    """A 12-megapixel, photo-like JPEG as a phone saves it, a different scene for every seed: the photo
+    helper's gradients turned one of 8 ways and a dark disc somewhere on a 6 × 5 grid."""
+    from PIL import Image, ImageDraw
+
+    from make_corpus import encode, photo
+
+    w, h = size
+    picture = photo(*size, seed=seed).transpose(list(Image.Transpose)[seed % 7]).resize(size)
+    col, row = seed % 6, (seed // 6) % 5
+    cx, cy, r = (col + 0.5) * w / 6, (row + 0.5) * h / 5, h / 7
+    ImageDraw.Draw(picture).ellipse((cx - r, cy - r, cx + r, cy + r), fill=(20, 30, 60))
+    return encode(picture, "JPEG", quality=90)
+
+
+@dataclass(frozen=True)
+class ClassRun:
+    waits: tuple[float, ...]  # upload → heatmap, seconds, one per session
+    cpu_per_upload: float  # server CPU seconds (user + system) per upload
+    rss_after: float  # server resident memory after all heatmaps, bytes
+    pages: tuple  # the Playwright pages, for checks while the browser is still open
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.waits)
+
+    @property
+    def p95(self) -> float:
+        ordered = sorted(self.waits)
+        return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def run_class(browser, url: str, server_pid: int, photos: list[bytes], spread_s: float = 5.0) -> ClassRun:
+    """Open one page per photo on the upload input, then upload them ``spread_s`` seconds apart in all."""
+    import psutil
+
+    server = psutil.Process(server_pid)
+    pages = []
+    for _ in photos:
+        context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+        page = context.new_page()
+        page.goto(url)
+        page.get_by_text("Upload a photo", exact=True).click(timeout=180_000)
+        page.locator("input[type=file]").wait_for(state="attached", timeout=120_000)
+        pages.append(page)
+    for page in pages:  # every page idle before the clock starts
+        page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=60_000)
+    cpu = server.cpu_times()
+    started = []
+    t0 = time.monotonic()
+    for i, (page, data) in enumerate(zip(pages, photos)):
+        time.sleep(max(0.0, t0 + i * spread_s / len(photos) - time.monotonic()))
+        page.evaluate(WATCH)
+        started.append(page.evaluate("Date.now()"))
+        page.locator("input[type=file]").set_input_files(
+            files=[{"name": f"IMG_{i:04d}.jpg", "mimeType": "image/jpeg", "buffer": data}])
+    waits = []
+    for page, start in zip(pages, started):
+        page.wait_for_function("() => window.__heatAt !== null", timeout=300_000, polling=100)
+        waits.append((page.evaluate("window.__heatAt") - start) / 1000)
+    for page in pages:
+        page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=120_000)
+    used = server.cpu_times()
+    cpu_s = (used.user + used.system) - (cpu.user + cpu.system)
+    return ClassRun(tuple(waits), cpu_s / len(photos), server.memory_info().rss, tuple(pages))
+
+
+def stages(repeats: int = 7) -> dict[str, float]:
+    """Median seconds of each step one 12-megapixel upload costs the server, measured alone."""
+    import numpy as np
+
+    import attnviz
+    from attnviz import render
+    from attnviz.images import open_image
+    from views.common import enlarge, png_bytes
+
+    import launch
+
+    launch.tune_for_a_class()  # one intra-op thread, as the server runs
+    model = attnviz.load_model(device="cpu")
+    data = phone_jpeg(1)
+    times: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        start = time.perf_counter()
+        value = fn()
+        times.setdefault(name, []).append(time.perf_counter() - start)
+        return value
+
+    for _ in range(repeats):
+        import hashlib
+
+        timed("sha256 of the upload", lambda: hashlib.sha256(data).hexdigest())
+        timed("decode at ≤ 2048 px (the page before)", lambda: open_image(data, max_side=2048))
+        checked = timed("decode for the model (read_photo)", lambda: attnviz.read_photo(data, model))
+        view = timed("model view (resize + crop)", lambda: model.view(checked.image))
+        cap = timed("capture (forward pass)", lambda: attnviz.capture_tensor(model, model.to_input(view)))
+        grid = cap.cls_map(cap.num_layers - 1, "mean")
+        picture = timed("overlay + enlarge", lambda: enlarge(render.overlay(view, np.asarray(grid))))
+        timed("PNG encoding (588 px)", lambda: png_bytes(picture))
+
+        def jpeg():
+            buffer = io.BytesIO()
+            picture.save(buffer, format="JPEG", quality=90)
+            return buffer.getvalue()
+
+        timed("JPEG encoding (588 px)", jpeg)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def first_visit() -> tuple[float, float]:
+    """(seconds until a `make run` server answers, seconds from then to the first visitor's heatmap)."""
+    from serve import chromium, streamlit_server
+
+    with chromium() as browser:
+        browser.new_page().goto("about:blank")  # the browser itself is not what we time
+        launched = time.perf_counter()
+        with streamlit_server(launcher=LAUNCHER, timeout=300) as (url, _):
+            ready = time.perf_counter()
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(url)
+            page.wait_for_function(
+                "s => { const i = document.querySelector(s); return i && i.complete && i.naturalWidth > 0; }",
+                arg=HEATMAP, timeout=120_000)
+            return ready - launched, time.perf_counter() - ready
+
+
+def main() -> None:
+    from serve import chromium, chromium_path, streamlit_server
+
+    parser = argparse.ArgumentParser(prog="python -m bench.classroom")
+    parser.add_argument("--sessions", type=int, default=30)
+    parser.add_argument("--spread", type=float, default=5.0, help="seconds over which the uploads start")
+    parser.add_argument("--no-browser", action="store_true", help="only the per-stage timings")
+    args = parser.parse_args()
+    import psutil
+    import torch
+
+    print(f"attnviz classroom benchmark — torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{psutil.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in psutil.getloadavg())}\n")
+    print("One 12-megapixel phone JPEG (4032 × 3024), each stage alone, one thread as the server runs, medians:\n")
+    print("| stage | time |")
+    print("|---|---|")
+    for name, seconds in stages().items():
+        print(f"| {name} | {seconds * 1000:.0f} ms |")
+    if args.no_browser or chromium_path() is None:
+        return
+
+    up, first = first_visit()
+    print(f"\nWarm start (`make run`): the server answers after {up:.1f} s (imports, model, one capture); "
+          f"the first visitor's heatmap {first:.2f} s after that (target ≤ 2 s)")
+
+    photos = [phone_jpeg(seed) for seed in range(args.sessions)]
+    with streamlit_server(launcher=LAUNCHER, timeout=300) as (url, proc), chromium() as browser:
+        run = run_class(browser, url, proc.pid, photos, args.spread)
+    print(f"\n{args.sessions} sessions upload a 12 MP photo each within {args.spread:.0f} s (one Chromium, one "
+          f"server, same machine):\n")
+    print("| measure | got | target |")
+    print("|---|---|---|")
+    print(f"| median upload → heatmap | {run.median:.2f} s | ≤ 3 s |")
+    print(f"| p95 upload → heatmap | {run.p95:.2f} s | ≤ 5 s |")
+    print(f"| slowest | {max(run.waits):.2f} s | |")
+    print(f"| server CPU per upload | {run.cpu_per_upload:.3f} s | ≤ 0.15 s |")
+    print(f"| server memory afterwards | {run.rss_after / 2**30:.2f} GB | ≤ 1.5 GB |")
+
+
+if __name__ == "__main__":
+    main()
