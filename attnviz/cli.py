@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import capture, load_model, render
+from . import capture, dataset_cli, load_model, render
 from .rollout import cls_rollout_grid
 from .images import ImageError, open_image
 from .models import ModelError
@@ -79,5 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     ex.add_argument("--rollout", action="store_true", help="also write `rollout`: the CLS attention rollout on the grid")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
+    dataset_cli.add_parser(sub)
     args = parser.parse_args(argv)
-    return export(args)
+    return dataset_cli.run(args) if args.command == "dataset" else export(args)

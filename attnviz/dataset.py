@@ -192,6 +192,16 @@ def capture_batch(model: Model, x: torch.Tensor) -> list[Capture]:
     ]
 
 
+def _prepared(model: Model, cap: Capture, fit: Fit) -> Capture:
+    """What :func:`attnviz.capture` adds to ``capture_tensor``'s answer: how the photo was prepared,
+    where Capture records that (``prepared``), so a stored capture equals a fresh ``capture(...)``."""
+    if "prepared" not in {f.name for f in dataclasses.fields(Capture)}:
+        return cap
+    from .preparation import preparation
+
+    return dataclasses.replace(cap, prepared=preparation(model, fit))
+
+
 def head_values(cap: Capture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarray]:
     """Per (layer, head), flattened in that order: the statistics of one image's capture, each (L · H,)."""
     stats = head_stats(cap)  # entropy, distance, prefix share: (L, H)
@@ -220,13 +230,13 @@ def analyse(
     model: Model,
     items: Iterable[tuple[str, bytes | OSError]],
     fit: Fit = "crop",
-    save: Callable[[Capture, Path], None] | None = None,
+    save: Save | None = None,
     captures: Path | None = None,
 ) -> pa.Table:
     """The per-batch function: (path, bytes) pairs → one :data:`RECORDS` row per pair.
 
     Files that cannot be read or decoded become error rows; the others go through the model in one
-    batched forward pass. With ``save`` each capture is also written to ``captures/<digest>``.
+    batched forward pass. With ``save`` each capture is also written to ``captures/<digest>.npz``.
     """
     rows: list[dict] = []
     used: list[tuple[str, str, object]] = []  # (path, digest, checked image)
@@ -249,11 +259,11 @@ def analyse(
             rows.append(_error_record(path, digest, "unusable", f"{path}: {e}.", {"name": path, "reason": str(e)}))
             continue
         used.append((path, digest, checked))
-    caps = capture_batch(model, torch.cat(inputs)) if inputs else []
+    caps = [_prepared(model, c, fit) for c in capture_batch(model, torch.cat(inputs))] if inputs else []
     for (path, digest, checked), cap in zip(used, caps):
         top = model.top_classes(cap.output)
         if save is not None and captures is not None:
-            save(cap, captures / digest)
+            save(cap, captures / f"{digest}.npz", path, checked.image.size)
         rows.append({
             "path": path, "digest": digest, "width": checked.image.width, "height": checked.image.height,
             "format": checked.format, "input_size": int(cap.input.shape[-1]), "grid_h": cap.grid[0],
@@ -410,13 +420,22 @@ class Summary:
         return (self.images + self.errors) / self.seconds if self.seconds > 0 else 0.0
 
 
-def saver(store: Store) -> Callable[[Capture, Path], None] | None:
-    """How ``--store`` writes one capture (None: not at all)."""
+Save = Callable[[Capture, Path, str, tuple[int, int]], None]  # (capture, file, source path, photo size)
+
+
+def saver(store: Store, model: Model, checkpoint: str | None = None) -> Save | None:
+    """How ``--store`` writes one capture: ``qk`` is :mod:`attnviz.export`'s compact exact format."""
     if store == "none":
         return None
-    from .export import save_capture
+    from .export import describe, save_capture, weights_file
 
-    return save_capture
+    weights = weights_file(model, checkpoint)  # the weights file's sha256: once per run, not per image
+
+    def save(cap: Capture, target: Path, source: str, source_size: tuple[int, int]) -> None:
+        about = describe(model, cap, source=source, weights=weights, source_size=source_size)
+        _atomic(target, lambda tmp: save_capture(tmp, cap, format="qk", about=about, labels=model.labels))
+
+    return save
 
 
 def run_local(
@@ -437,7 +456,7 @@ def run_local(
     folder.start(config, model.name)
     done = folder.done()
     pending = [p for p in paths if p not in done]
-    save = saver(config.store)
+    save = saver(config.store, model, config.checkpoint)
     images = errors = 0
     with tqdm(total=len(pending), unit="image", disable=not progress) as bar:
         for i in range(0, len(pending), batch):

@@ -34,7 +34,7 @@ class Analyser:
         torch.set_num_threads(threads)
         self.config = config
         self.model = config.load()
-        self.save = saver(config.store)
+        self.save = saver(config.store, self.model, config.checkpoint)
         self.captures = Path(captures)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
