@@ -97,16 +97,17 @@ def run_ray(
     images = errors = 0
     seen: set[str] = set()
     try:
-        if pending:
+        present = [p for p in pending if os.path.isfile(p)]  # Ray refuses a list with no file at all
+        if present:
             quiet()
             # Reading is light I/O: num_cpus=0 lets it run beside actors that hold every CPU.
-            files = ray.data.read_binary_files(pending, include_paths=True, ignore_missing_paths=True, num_cpus=0)
+            files = ray.data.read_binary_files(present, include_paths=True, ignore_missing_paths=True, num_cpus=0)
             records = files.map_batches(
                 Analyser, fn_constructor_args=(config, str(folder.captures), cpus_per_worker),
                 batch_size=batch, batch_format="pyarrow", num_cpus=cpus_per_worker,
                 compute=ray.data.ActorPoolStrategy(size=workers),
             )
-            with tqdm(total=len(pending), unit="image", disable=not progress) as bar:
+            with tqdm(total=len(present), unit="image", disable=not progress) as bar:
                 for part in records.iter_batches(batch_size=None, batch_format="pyarrow"):
                     tables = folder.write(part)
                     images, errors = images + tables.images.num_rows, errors + tables.errors.num_rows
