@@ -41,8 +41,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from PIL import Image
 
-from .capture import Capture, capture_tensor
+from .capture import Capture, capture, capture_tensor
 from .images import ImageError, open_image
 from .masks import DEFAULT_MASS, mass_mask
 from .models import Fit, Model, load_model
@@ -465,3 +466,58 @@ def run_local(
             images, errors = images + tables.images.num_rows, errors + tables.errors.num_rows
             bar.update(len(chunk))
     return Summary(len(paths), len(paths) - len(pending), images, errors, time.perf_counter() - start)
+
+
+# --- Reading runs back (the Dataset page, notebooks) ---------------------------------------------
+
+# How the page ranks a head's images: (column, smallest first). "local": the patches attend nearby
+# (small mean distance); "focused": the class token's mass sits on few patches (usually the object).
+RANKINGS = {"local": ("distance_px", True), "focused": ("mass60_fraction", True)}
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """The run folders (those with a ``run.json``) at ``root`` and one level below it, sorted by name."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [root] if (root / "run.json").is_file() else []
+    return found + sorted(p for p in root.iterdir() if p.is_dir() and (p / "run.json").is_file())
+
+
+def signature(out: str | Path) -> tuple:
+    """Changes whenever a part file is added: a key for caching a run's tables while it grows."""
+    out = Path(out)
+    parts = [p for name in TABLES for p in (out / name).glob("part-*.parquet")]
+    return len(parts), max((p.stat().st_mtime_ns for p in parts), default=0)
+
+
+def head_summary(heads):
+    """(pandas) one row per (layer, head): the mean of each statistic over the images, and their count."""
+    stats = ["entropy", "distance_px", "prefix_share", "mass60_fraction"]
+    summary = heads.groupby(["layer", "head"], as_index=False)[stats].mean()
+    return summary.assign(images=heads.groupby(["layer", "head"]).size().to_numpy())
+
+
+def extremes(heads, layer: int, head: int, ranking: str, count: int = 6):
+    """(pandas) the ``count`` images where head (``layer``, ``head``) ranks first by ``RANKINGS[ranking]``."""
+    column, smallest_first = RANKINGS[ranking]
+    rows = heads[(heads["layer"] == layer) & (heads["head"] == head)]
+    return rows.sort_values([column, "path"], ascending=[smallest_first, True]).head(count)
+
+
+def reopen(model: Model, path: str, digest: str, fit: Fit, captures: Path | None = None) -> tuple[Image.Image, Capture]:
+    """An image of a run again: the S × S picture the model saw, and its capture — the stored one when
+    the run kept captures (``--store qk``), else a fresh capture of the file.
+
+    Raises OSError when the file is gone, :class:`RunError` when its bytes changed since the run.
+    """
+    data = Path(path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise RunError(f"{Path(path).name} has changed since the run.")
+    checked = open_image(data, path)
+    stored = captures / f"{digest}.npz" if captures is not None else None
+    if stored is not None and stored.is_file():
+        from .export import load_capture
+
+        return model.view(checked.image, fit), load_capture(stored)
+    return model.view(checked.image, fit), capture(model, checked.image, fit)
