@@ -46,8 +46,13 @@ def reopened(out: str, path: str, digest: str, config_json: str, _model):
 def scatter(summary: pd.DataFrame, per_image: pd.DataFrame) -> alt.LayerChart:
     """One point per head (mean over photos); pointing at one shows that head's photos as small points."""
     hover = alt.selection_point(on="pointerover", fields=["layer", "head"], empty=False, clear="pointerout")
-    x = alt.X("distance_px:Q", title=t("dataset.distance_axis"))
-    y = alt.Y("entropy:Q", title=t("dataset.entropy_axis"))
+    # Fixed axes that hold every photo's point: axes that grew when a head's photos appear would move
+    # the head away from the pointer, which hides them again.
+    both = pd.concat([summary, per_image])
+    x = alt.X("distance_px:Q", title=t("dataset.distance_axis"),
+              scale=alt.Scale(domain=[0, float(both["distance_px"].max()) * 1.05], nice=False))
+    y = alt.Y("entropy:Q", title=t("dataset.entropy_axis"),
+              scale=alt.Scale(domain=[0, float(both["entropy"].max()) * 1.05], nice=False))
     layer_colour = alt.Color("layer:Q", title=t("dataset.layer"), scale=alt.Scale(scheme="viridis"),
                              legend=alt.Legend(format="d", tickMinStep=1))
     heads = alt.Chart(summary).mark_circle(size=110, opacity=0.9, stroke="black", strokeWidth=0.5).encode(
@@ -57,7 +62,7 @@ def scatter(summary: pd.DataFrame, per_image: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("entropy:Q", format=".2f", title=t("dataset.entropy_axis")),
                  alt.Tooltip("images:Q", title=t("dataset.images"))],
     ).add_params(hover)
-    photos = alt.Chart(per_image).mark_circle(size=22, opacity=0.6, color="#d62728").encode(
+    photos = alt.Chart(per_image).mark_circle(size=45, opacity=0.8, color="#d62728").encode(
         x=x, y=y,
         tooltip=[alt.Tooltip("name:N", title=t("dataset.photo")),
                  alt.Tooltip("distance_px:Q", format=".1f", title=t("dataset.distance_axis")),
