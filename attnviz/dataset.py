@@ -415,10 +415,18 @@ class Summary:
     images: int  # used in this run
     errors: int  # could not be used in this run
     seconds: float
+    first_seconds: float = 0.0  # until the first batch landed: start-up (Ray, model loads) and one batch
+    first_files: int = 0  # files in that first batch
 
     @property
     def images_per_second(self) -> float:
         return (self.images + self.errors) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_per_second(self) -> float:
+        """Files per second after the first batch: the rate once everything has started."""
+        rest = self.seconds - self.first_seconds
+        return (self.images + self.errors - self.first_files) / rest if rest > 0 else 0.0
 
 
 Save = Callable[[Capture, Path, str, tuple[int, int]], None]  # (capture, file, source path, photo size)
@@ -459,13 +467,15 @@ def run_local(
     pending = [p for p in paths if p not in done]
     save = saver(config.store, model, config.checkpoint)
     images = errors = 0
+    first: tuple[float, int] = (0.0, 0)
     with tqdm(total=len(pending), unit="image", disable=not progress) as bar:
         for i in range(0, len(pending), batch):
             chunk = pending[i : i + batch]
             tables = folder.write(analyse(model, read_items(chunk), config.fit, save, folder.captures))
             images, errors = images + tables.images.num_rows, errors + tables.errors.num_rows
+            first = first if i else (time.perf_counter() - start, len(tables))
             bar.update(len(chunk))
-    return Summary(len(paths), len(paths) - len(pending), images, errors, time.perf_counter() - start)
+    return Summary(len(paths), len(paths) - len(pending), images, errors, time.perf_counter() - start, *first)
 
 
 # --- Reading runs back (the Dataset page, notebooks) ---------------------------------------------

@@ -95,6 +95,7 @@ def run_ray(
         else:
             start_local()
     images = errors = 0
+    first: tuple[float, int] = (0.0, 0)
     seen: set[str] = set()
     try:
         present = [p for p in pending if os.path.isfile(p)]  # Ray refuses a list with no file at all
@@ -111,6 +112,7 @@ def run_ray(
                 for part in records.iter_batches(batch_size=None, batch_format="pyarrow"):
                     tables = folder.write(part)
                     images, errors = images + tables.images.num_rows, errors + tables.errors.num_rows
+                    first = first if seen else (time.perf_counter() - start, len(tables))
                     seen.update(part["path"].to_pylist())
                     bar.update(part.num_rows)
         lost = [p for p in pending if p not in seen]  # vanished or unreadable before Ray could read them
@@ -119,4 +121,4 @@ def run_ray(
     finally:
         if owned:
             ray.shutdown()
-    return Summary(len(paths), len(paths) - len(pending), images, errors, time.perf_counter() - start)
+    return Summary(len(paths), len(paths) - len(pending), images, errors, time.perf_counter() - start, *first)

@@ -5,9 +5,9 @@ Prints Markdown tables:
 1. where one image's time goes: the capture (one forward pass, batched or not) and the per-head
    statistics (head_stats over every layer, plus 72 CLS maps and mass masks);
 2. the local engine at ``--batch`` 1, 4 and 8, torch on all cores;
-3. the ray engine with 1 worker (all cores) and 2 workers (one core each), with and without Ray's
-   start-up (a local cluster, one model per actor): the steady rate is (N − n) / (t_N − t_n) from a
-   run of N photos and one of n.
+3. the ray engine with 1 worker (all cores) and 2 workers (one core each), batches of 2: the rate
+   over the whole run, the rate after the first batch landed (once Ray, the actors and their models
+   have started), and the seconds until then.
 
 The photos are variants (mirrored, cropped, turned) of the four samples in assets/, each its own file.
 """
@@ -76,20 +76,15 @@ def local_rate(folder: Path, size: int, batch: int) -> float:
     return summary.images / summary.seconds
 
 
-def ray_rates(folder: Path, small: Path, size: int, workers: int, batch: int) -> tuple[float, float, float]:
-    """(images/s including Ray's start-up, steady images/s, start-up seconds)."""
+def ray_rates(folder: Path, size: int, workers: int, batch: int) -> tuple[float, float, float]:
+    """(images/s including Ray's start-up, images/s after the first batch, seconds to the first batch)."""
     from attnviz.dataset_ray import run_ray
 
     cpus = max(1, torch.get_num_threads() // workers)
-    runs = {}
-    for name, source in (("small", small), ("full", folder)):
-        with tempfile.TemporaryDirectory() as out:
-            runs[name] = run_ray(source, Path(out) / "run", RunConfig(size=size), batch=batch, workers=workers,
-                                 cpus_per_worker=cpus, progress=False)
-    full, few = runs["full"], runs["small"]
-    steady = (full.images - few.images) / max(full.seconds - few.seconds, 1e-9)
-    startup = max(few.seconds - few.images / steady, 0.0)
-    return full.images / full.seconds, steady, startup
+    with tempfile.TemporaryDirectory() as out:
+        run = run_ray(folder, Path(out) / "run", RunConfig(size=size), batch=batch, workers=workers,
+                      cpus_per_worker=cpus, progress=False)
+    return run.images / run.seconds, run.steady_per_second, run.first_seconds
 
 
 def main() -> None:
@@ -98,7 +93,10 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=16, help="photos per run at 196 px (a quarter at 518 px)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; numbers from one run each, "
           "on a shared machine they vary by ±30 %\n")
 
@@ -112,7 +110,6 @@ def main() -> None:
         tmp = Path(tmp)
         counts = {size: args.images if size <= 224 else max(4, args.images // 4) for size in args.sizes}
         folders = {n: photos(tmp / f"photos{n}", n) for n in set(counts.values())}
-        small = photos(tmp / "small", 2)
         print("\n| input | photos | local, batch 1 | local, batch 4 | local, batch 8 |")
         print("|---|---|---|---|---|")
         for size in args.sizes:
@@ -121,13 +118,13 @@ def main() -> None:
         if args.no_ray:
             return
         print("\n| input | photos | Ray, 1 worker × 2 cores | Ray, 2 workers × 1 core | "
-              "(each: with start-up / steady / start-up s) |")
+              "(each: all / after the first batch / s to the first batch) |")
         print("|---|---|---|---|---|")
         for size in args.sizes:
             cells = []
             for workers in (1, 2):
-                total, steady, startup = ray_rates(folders[counts[size]], small, size, workers, batch=4)
-                cells.append(f"{total:.2f} / {steady:.2f} img/s / {startup:.0f} s")
+                total, steady, first = ray_rates(folders[counts[size]], size, workers, batch=2)
+                cells.append(f"{total:.2f} / {steady:.2f} img/s / {first:.0f} s")
             print(f"| {size} px | {counts[size]} | " + " | ".join(cells) + " | |", flush=True)
 
 
