@@ -203,6 +203,16 @@ def _prepared(model: Model, cap: Capture, fit: Fit) -> Capture:
     return dataclasses.replace(cap, prepared=preparation(model, fit))
 
 
+def summary_maps(cap: Capture, layer: int) -> np.ndarray:
+    """(H, h, w): every head's one-picture summary of ``layer`` — the class token's row over the patches
+    (one ``layer_rows`` call for all heads, the same numbers as ``cls_map``), or, for a model without a
+    class token, the capture's own stated alternative (``summary_map``)."""
+    if getattr(cap, "has_class_token", True):
+        rows = cap.layer_rows(layer, 0).cpu().numpy()  # (H, N): the class token's row in every head
+        return rows[:, cap.num_prefix_tokens :].reshape(cap.num_heads, *cap.grid)
+    return np.stack([cap.summary_map(layer, head) for head in range(cap.num_heads)])
+
+
 def head_values(cap: Capture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarray]:
     """Per (layer, head), flattened in that order: the statistics of one image's capture, each (L · H,)."""
     stats = head_stats(cap)  # entropy, distance, prefix share: (L, H)
@@ -210,8 +220,7 @@ def head_values(cap: Capture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarra
     top = np.zeros(shape, dtype=np.int32)
     held = np.zeros(shape, dtype=np.float64)
     for layer in range(cap.num_layers):
-        for head in range(cap.num_heads):
-            grid_map = cap.cls_map(layer, head)  # (h, w): the class token's row over the patches
+        for head, grid_map in enumerate(summary_maps(cap, layer)):  # (h, w) each
             top[layer, head] = int(np.argmax(grid_map))  # raster order: row · w + column
             held[layer, head] = mass_mask(grid_map, mass).count / grid_map.size
     layers, heads = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")

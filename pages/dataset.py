@@ -155,7 +155,9 @@ with st.spinner(t("dataset.maps_loading")):
             except dataset.RunError:
                 st.warning(t("dataset.map_changed", name=ui.escape_markdown(name)))
                 continue
-            picture = render.enlarge(render.overlay(view, cap.cls_map(layer - 1, head - 1)), 320)
+            # the class token's row, or a model's stated alternative when it has no class token
+            grid_map = getattr(cap, "summary_map", cap.cls_map)(layer - 1, head - 1)  # (h, w)
+            picture = render.enlarge(render.overlay(view, grid_map), 320)
             st.image(picture, caption=t("dataset.map_caption", name=name, distance=row.distance_px,
                                         share=row.mass60_fraction), width="stretch")
 st.caption(t("dataset.maps_note", layer=layer, head=head))

@@ -10,8 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
+from timm.models.vision_transformer import VisionTransformer
 
-from attnviz import capture, capture_tensor, cli, dataset
+import attnviz
+from attnviz import Capture, capture, capture_tensor, cli, dataset
 from attnviz.dataset import RunConfig, read_run, run_local
 
 from conftest import ASSETS, tiny_vit
@@ -207,3 +209,21 @@ def test_stored_capture_reloads_as_a_fresh_capture(folder, small_model, tmp_path
             elif f.name != "seconds":
                 assert a == b, f.name
         assert np.allclose(stored.weights(3, 1), fresh.weights(3, 1), atol=1e-5)
+
+
+def test_a_model_without_class_token_gets_its_stated_summary():
+    if not hasattr(Capture, "summary_map"):
+        pytest.skip("needs the capture core's summary_map for models without a class token")
+    torch.manual_seed(0)
+    network = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=0,
+                                class_token=False, global_pool="avg")
+    model = attnviz.wrap(network, "tiny without class token", "random init", 32)
+    data = (ASSETS / "cat.jpg").read_bytes()
+    heads = dataset.split(dataset.analyse(model, [("cat.jpg", data)])).heads.to_pandas()
+    cap = capture(model, Image.open(ASSETS / "cat.jpg"))
+    assert not cap.has_class_token and len(heads) == 2 * 4
+    for row in heads.itertuples():
+        summary = cap.summary_map(row.layer, row.head)  # (4, 4)
+        assert row.top_patch == int(np.argmax(summary))
+        order = np.sort(summary.ravel())[::-1].cumsum() / summary.sum()
+        assert row.mass60_fraction == pytest.approx((np.searchsorted(order, 0.6 - 1e-12) + 1) / 16)
