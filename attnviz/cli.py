@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import capture, export as exporting, i18n, load_model, render
+from . import capture, dataset_cli, export as exporting, i18n, load_model, render
 from .images import ImageError
 from .photos import read_photo
 from .models import ModelError
@@ -158,5 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--gif", action="store_true",
                     help="also write <stem>_layers.gif: the class-token map from layer 1 to L, for slides")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
+    dataset_cli.add_parser(sub)
     args = parser.parse_args(argv)
-    return export(args)
+    return dataset_cli.run(args) if args.command == "dataset" else export(args)

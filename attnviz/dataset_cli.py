@@ -1,0 +1,65 @@
+"""``python -m attnviz dataset DIR --out OUT``: attention statistics over a folder of photos, in Parquet.
+
+See :mod:`attnviz.dataset` for what the run folder holds and :mod:`attnviz.dataset_ray` for the Ray engine.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .dataset import RunConfig, RunError, Summary, run_local
+from .models import ModelError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    ds = sub.add_parser(
+        "dataset", help="per-head attention statistics for a whole folder of photos, as Parquet tables",
+        description="One row per (image, layer, head) in OUT/heads, one per image in OUT/images, one per "
+                    "unusable file in OUT/errors. A rerun into the same OUT skips what is done.",
+    )
+    ds.add_argument("source", help="a folder of photos (searched recursively) or a text file listing one path a line")
+    ds.add_argument("--out", required=True, help="run folder for the Parquet tables")
+    ds.add_argument("--engine", choices=("local", "ray"), default="local", help="local (default) or ray")
+    ds.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto or ray://head:10001); "
+                                                    "default: start a local one")
+    ds.add_argument("--batch", type=int, default=4, help="images per forward pass (default 4)")
+    ds.add_argument("--workers", type=int, default=1, help="Ray actors, each holding one model (default 1)")
+    ds.add_argument("--cpus-per-worker", type=int, default=None,
+                    help="CPUs (and torch threads) per Ray actor (default: all local CPUs shared out; 1 on a cluster)")
+    ds.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
+    ds.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
+    ds.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
+    ds.add_argument("--fit", choices=("crop", "squash"), default="crop", help="non-square photos: crop (default) or squash")
+    ds.add_argument("--store", choices=("none", "qk"), default="none",
+                    help="qk: also keep each image's exact compact capture (OUT/captures/<sha256>.npz, "
+                         "reload with attnviz.load_capture)")
+    ds.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch < 1 or args.workers < 1:
+        print("error: --batch and --workers must be at least 1", file=sys.stderr)
+        return 2
+    config = RunConfig(model=args.model, size=args.size, checkpoint=args.checkpoint, fit=args.fit, store=args.store)
+    try:
+        if args.engine == "ray":
+            try:
+                from .dataset_ray import run_ray
+            except ImportError:
+                print("error: the ray engine needs Ray: pip install 'attnviz[ray]'", file=sys.stderr)
+                return 2
+            summary = run_ray(args.source, args.out, config, batch=args.batch, workers=args.workers,
+                              cpus_per_worker=args.cpus_per_worker, address=args.address, progress=not args.quiet)
+        else:
+            summary = run_local(args.source, args.out, config, batch=args.batch, progress=not args.quiet)
+    except (ModelError, RunError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report(summary, args.out))
+    return 1 if summary.errors else 0
+
+
+def report(summary: Summary, out: str) -> str:
+    done = f", {summary.skipped} already done" if summary.skipped else ""
+    return (f"{summary.images} images and {summary.errors} unusable files in {summary.seconds:.1f} s "
+            f"({summary.images_per_second:.2f} files/s){done}; tables in {out}")

@@ -1,0 +1,72 @@
+"""The Dataset page opens a run's output (only from the folder the server's owner chose) in both languages."""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from attnviz import i18n
+from attnviz.dataset import RunConfig, read_run, run_local
+
+from conftest import ROOT
+from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
+
+APP = str(ROOT / "app.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    run_local(photo_folder(root / "in"), root / "small-run", RunConfig(size=SMALL), progress=False)
+    return root
+
+
+def open_page(lang: str, monkeypatch, root) -> AppTest:
+    monkeypatch.setenv("ATTNVIZ_DATASETS", str(root))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state["lang"] = lang
+    return at.switch_page("pages/dataset.py").run()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_page_opens_a_run(runs, monkeypatch, lang):
+    at = open_page(lang, monkeypatch, runs)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error and not at.warning, [e.value for e in [*at.error, *at.warning]]
+    assert at.title[0].value == i18n.text(lang, "dataset.title")
+    assert at.selectbox(key="dataset_run").value == str(runs / "small-run")
+    shown = "\n".join(m.value for m in at.markdown)
+    assert i18n.text(lang, "dataset.counts", images=4, errors=1) in shown
+    assert len(at.get("vega_lite_chart")) == 1
+    # The chosen head's photos: layer 12, head 1 ranked by mean distance, smallest first, with their maps.
+    heads = read_run(runs / "small-run").heads.to_pandas()
+    rows = heads[(heads["layer"] == 11) & (heads["head"] == 0)].sort_values("distance_px")
+    captions = [img.caption for el in at.get("image") for img in el.proto.imgs]
+    assert len(captions) == 4
+    assert [c.split(" · ")[0] for c in captions] == [p.rsplit("/", 1)[1] for p in rows["path"]]
+    assert f"{rows['distance_px'].iloc[0]:.1f}" in captions[0]
+    reason = at.dataframe[0].value.iloc[0, 1]
+    assert reason == i18n.text(lang, "images.unreadable", name="notes.jpg", formats=i18n.text(lang, "images.formats"))
+
+
+def test_other_ranking_and_head(runs, monkeypatch):
+    at = open_page("en", monkeypatch, runs)
+    at.selectbox(key="dataset_layer").select(3).run()
+    at.selectbox(key="dataset_head").select(2).run()
+    at.radio(key="dataset_ranking.en").set_value("focused").run()
+    heads = read_run(runs / "small-run").heads.to_pandas()
+    rows = heads[(heads["layer"] == 2) & (heads["head"] == 1)].sort_values(["mass60_fraction", "path"])
+    captions = [img.caption for el in at.get("image") for img in el.proto.imgs]
+    assert [c.split(" · ")[0] for c in captions] == [p.rsplit("/", 1)[1] for p in rows["path"]]
+    errors = at.dataframe[0].value
+    assert errors.iloc[0].tolist() == ["notes.jpg", i18n.text("en", "images.unreadable", name="notes.jpg",
+                                                               formats=i18n.text("en", "images.formats"))]
+
+
+def test_no_folder_chosen_says_how(monkeypatch):
+    monkeypatch.delenv("ATTNVIZ_DATASETS", raising=False)
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state["lang"] = "zh-TW"
+    at.switch_page("pages/dataset.py").run()
+    assert not at.exception
+    assert "ATTNVIZ_DATASETS" in at.info[0].value and i18n.text("zh-TW", "dataset.unset") in at.info[0].value
+    assert not at.text_input  # no field where a browser could type a server path
