@@ -137,8 +137,11 @@ st.session_state["dataset_ranking"] = ranking
 chosen = dataset.extremes(heads, layer - 1, head - 1, ranking, SHOWN)
 try:
     with st.spinner(t("model.loading")):
-        model = ui.cached_model(config.get("model"), config.get("size"), config.get("checkpoint"), "cpu")
-except ModelError as e:
+        checkpoint = config.get("checkpoint")  # the owner's run chose it; cached by its content, like the Model box
+        stat = Path(checkpoint).stat() if checkpoint else None
+        content = ui.file_digest(checkpoint, stat.st_size, stat.st_mtime_ns, stat.st_ino) if stat else None
+        model = ui.cached_model(config.get("model"), config.get("size"), checkpoint, content, "cpu")
+except (ModelError, OSError) as e:  # the run's checkpoint may have moved since
     st.error(t("dataset.map_model", reason=e))
     st.stop()
 with st.spinner(t("dataset.maps_loading")):
@@ -156,7 +159,7 @@ with st.spinner(t("dataset.maps_loading")):
                 st.warning(t("dataset.map_changed", name=ui.escape_markdown(name)))
                 continue
             # the class token's row, or a model's stated alternative when it has no class token
-            grid_map = getattr(cap, "summary_map", cap.cls_map)(layer - 1, head - 1)  # (h, w)
+            grid_map = cap.summary_map(layer - 1, head - 1)  # (h, w)
             picture = render.enlarge(render.overlay(view, grid_map), 320)
             st.image(picture, caption=t("dataset.map_caption", name=name, distance=row.distance_px,
                                         share=row.mass60_fraction), width="stretch")

@@ -13,7 +13,7 @@ from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 import attnviz
-from attnviz import Capture, capture, capture_tensor, cli, dataset
+from attnviz import Capture, capture, capture_tensor, cli, dataset, load_photo
 from attnviz.dataset import RunConfig, read_run, run_local
 
 from conftest import ASSETS, tiny_vit
@@ -75,7 +75,7 @@ def test_head_rows_match_an_independent_recomputation(real_model):
     data = (ASSETS / "cat.jpg").read_bytes()
     tables = dataset.split(dataset.analyse(real_model, [("cat.jpg", data)]))
     heads = tables.heads.to_pandas()
-    cap = capture(real_model, Image.open(ASSETS / "cat.jpg"))
+    cap = capture(real_model, load_photo(ASSETS / "cat.jpg", real_model).image)
     num_layers, num_heads, n, _ = cap.query.shape
     h, w = cap.grid
     assert len(heads) == num_layers * num_heads and list(heads["layer"][:7]) == [0] * 6 + [1]
@@ -106,7 +106,7 @@ def test_classifier_gets_its_top5():
     model = tiny_vit(num_classes=10)
     tables = dataset.split(dataset.analyse(model, [("cat.jpg", (ASSETS / "cat.jpg").read_bytes())]))
     image = tables.images.to_pylist()[0]
-    cap = capture(model, Image.open(ASSETS / "cat.jpg"))
+    cap = capture(model, load_photo(ASSETS / "cat.jpg", model).image)
     expected = model.top_classes(cap.output)
     assert image["top5_labels"] == [label for label, _ in expected]
     assert np.allclose(image["top5_probs"], [p for _, p in expected], atol=1e-6)
@@ -201,7 +201,7 @@ def test_stored_capture_reloads_as_a_fresh_capture(folder, small_model, tmp_path
     assert sorted(p.name for p in (out / "captures").iterdir()) == sorted(f"{r['digest']}.npz" for r in images)
     for record in images:
         stored = export.load_capture(out / "captures" / f"{record['digest']}.npz")
-        fresh = capture(small_model, Image.open(record["path"]))
+        fresh = capture(small_model, load_photo(record["path"], small_model).image)
         for f in dataclasses.fields(fresh):
             a, b = getattr(stored, f.name), getattr(fresh, f.name)
             if isinstance(a, torch.Tensor):
@@ -220,7 +220,7 @@ def test_a_model_without_class_token_gets_its_stated_summary():
     model = attnviz.wrap(network, "tiny without class token", "random init", 32)
     data = (ASSETS / "cat.jpg").read_bytes()
     heads = dataset.split(dataset.analyse(model, [("cat.jpg", data)])).heads.to_pandas()
-    cap = capture(model, Image.open(ASSETS / "cat.jpg"))
+    cap = capture(model, load_photo(ASSETS / "cat.jpg", model).image)
     assert not cap.has_class_token and len(heads) == 2 * 4
     for row in heads.itertuples():
         summary = cap.summary_map(row.layer, row.head)  # (4, 4)
