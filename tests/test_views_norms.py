@@ -9,7 +9,6 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.capture import HIGH_NORM_RATIO, capture_tensor
-from attnviz.images import open_image
 from conftest import ASSETS, ROOT
 
 
@@ -49,19 +48,22 @@ def test_norms_view_and_class_token_reading_on_the_default_model(lang, real_mode
     at.session_state["view"] = "norms"
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    cap = attnviz.capture(real_model, open_image((ASSETS / "cat.jpg").read_bytes(), "cat.jpg").image)
+    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)  # as the page decodes
+    worst = max(range(cap.num_layers), key=lambda i: float(cap.norm_ratio(i).max()))
     layer = at.session_state["layer"] - 1 if "layer" in at.session_state else cap.num_layers - 1
     top = float(cap.norm_ratio(layer).max())
     text = " ".join(m.value for m in at.markdown)
+    longest = float(cap.norm_ratio(worst).max())
     if lang == "en":
         assert f"no high-norm patch token (largest {top:.2f}× the median)" in text
+        assert f"in this photo the longest patch is {longest:.2f}× its layer's median, after layer {worst + 1}" in text
     else:
         assert f"最大是中位數的 {top:.2f} 倍" in text
+        assert f"最長的圖塊是所在層中位數的 {longest:.2f} 倍，在第 {worst + 1} 層之後" in text
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()  # the class-token view
     assert not at.exception, [e.value for e in at.exception]
     reading = " ".join(m.value for m in at.markdown)
-    worst = max(range(cap.num_layers), key=lambda i: float(cap.norm_ratio(i).max()))
     assert "no patch token's norm exceeds 3× the median in any layer" in reading
     assert f"{float(cap.norm_ratio(worst).max()):.1f}× after layer {worst + 1}" in reading
 

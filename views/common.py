@@ -43,18 +43,6 @@ CHART_PX = 512  # side of a clickable picture: fits the wide column of a 1280 px
 NARROW_CHART_PX = 340  # … and a phone's 358 px column
 
 
-def remember(name: str, cap, args: tuple, compute):
-    """This browser session's memo of one value derived from ``cap``: recomputed only when the
-    capture (same object) or ``args`` change, so flicking between views never recomputes it."""
-    store = st.session_state.setdefault("_derived", {})
-    hit = store.get(name)
-    if hit is not None and hit[0] is cap and hit[1] == args:
-        return hit[2]
-    value = compute()
-    store[name] = (cap, args, value)
-    return value
-
-
 def png_bytes(picture: Image.Image) -> bytes:
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")

@@ -65,7 +65,9 @@ def show(ctx: Context) -> None:
     if cap.token_norms is None:
         st.info(t("families.norms_unavailable"))
         return
-    st.markdown(t("families.norms_explain", ratio=HIGH_NORM_RATIO))
+    ratios = [float(cap.norm_ratio(layer).max()) for layer in range(cap.num_layers)]  # this capture's longest patch
+    top = int(np.argmax(ratios))
+    st.markdown(t("families.norms_explain", ratio=HIGH_NORM_RATIO, top=ratios[top], layer=top + 1))
     data = by_layer(cap)
     x = alt.X("layer:Q", title=t("families.norms_layer_axis"), axis=alt.Axis(tickMinStep=1, format="d"),
               scale=alt.Scale(domain=[0.5, cap.num_layers + 0.5], nice=False))
