@@ -170,4 +170,4 @@ def join_box() -> None:
     url = join_url()
     with st.container(key="join"):
         st.markdown(t("classroom.join", url=url))
-        st.image(qr_png(url), width=140)
+        st.image(qr_png(url), width=120)
