@@ -62,3 +62,21 @@ def cat():
 @pytest.fixture(scope="session")
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture
+def connections(monkeypatch):
+    """Every internet-family socket connection attempted while the fixture is active (refused)."""
+    import socket
+
+    seen: list[object] = []
+    original = socket.socket.connect
+
+    def guarded(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            seen.append(address)
+            raise ConnectionRefusedError("tests allow no network")
+        return original(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    return seen

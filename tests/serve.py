@@ -22,6 +22,16 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def require_chromium() -> None:
+    """Skip a browser test where Debian's chromium is missing; in CI that is a failure of .ci/run."""
+    import pytest
+
+    if chromium_path() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("Debian's chromium is missing: .ci/run must install it")
+        pytest.skip("chromium is not installed")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

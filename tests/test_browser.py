@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import attnviz
 from attnviz import render
 from attnviz.images import open_image
 from conftest import ASSETS, ROOT
-from serve import chromium, chromium_path, streamlit_server
+from serve import chromium, require_chromium, streamlit_server
 
 SHOTS = ROOT / "screenshots"
 HEATMAP = "[data-testid='stImage'] img"
@@ -21,10 +20,7 @@ HEATMAP = "[data-testid='stImage'] img"
 
 @pytest.fixture(scope="module")
 def server():
-    if chromium_path() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("Debian's chromium is missing: .ci/run must install it")
-        pytest.skip("chromium is not installed")
+    require_chromium()
     with streamlit_server() as (url, _proc):
         yield url
 

@@ -1,7 +1,6 @@
 """The live camera in a real headless Chromium with its fake camera, against the real server."""
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 
 from attnviz import render
 from conftest import ROOT
-from serve import FAKE_CAMERA_FLAGS, chromium, chromium_path, streamlit_server
+from serve import FAKE_CAMERA_FLAGS, chromium, require_chromium, streamlit_server
 
 SHOTS = ROOT / "screenshots"
 GRID = 14  # the offline model at 196 px: 14 × 14 patches
@@ -42,10 +41,7 @@ READ_VIDEO = """(grid) => {
 
 @pytest.fixture(scope="module")
 def server():
-    if chromium_path() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("Debian's chromium is missing: .ci/run must install it")
-        pytest.skip("chromium is not installed")
+    require_chromium()
     with streamlit_server() as (url, _proc):
         yield url
 

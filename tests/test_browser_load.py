@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import os
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from PIL import Image
 
 import attnviz
 from attnviz import render
-from serve import chromium, chromium_path, streamlit_server
+from serve import chromium, require_chromium, streamlit_server
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
 from make_corpus import encode, photo, quadrants  # noqa: E402
@@ -22,13 +21,6 @@ ASSETS = ROOT / "assets"
 HEATMAP = "[data-testid='stImage'] img"
 PORT = 8641
 SESSIONS = 8
-
-
-def require_chromium() -> None:
-    if chromium_path() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("Debian's chromium is missing: .ci/run must install it")
-        pytest.skip("chromium is not installed")
 
 
 def eight_photos() -> list[tuple[str, bytes]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serve import chromium, chromium_path, streamlit_server
+from serve import chromium, require_chromium, streamlit_server
 
 sys.path.insert(0, str(Path(__file__).parent / "corpus"))
 from make_corpus import entries  # noqa: E402
@@ -42,10 +42,7 @@ PHOTOS = {e.name: e.data for e in entries() if e.name in ("phone_12mp_rotated.jp
 
 @pytest.fixture(scope="module")
 def server():
-    if chromium_path() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("Debian's chromium is missing: .ci/run must install it")
-        pytest.skip("chromium is not installed")
+    require_chromium()
     with streamlit_server() as (url, _proc), chromium() as browser:
         yield url, browser
 

@@ -8,7 +8,6 @@ and that the server's memory stays well under what it was before (2.25 GB).
 from __future__ import annotations
 
 import io
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from PIL import Image
 
 import attnviz
 from attnviz import render
-from serve import chromium, chromium_path, streamlit_server
+from serve import chromium, require_chromium, streamlit_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.classroom import HEATMAP, LAUNCHER, phone_jpeg, run_class  # noqa: E402
@@ -47,10 +46,7 @@ def shown(page, url: str, size: int) -> np.ndarray:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_thirty_students_each_get_their_own_heatmap(real_model):
-    if chromium_path() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("Debian's chromium is missing: .ci/run must install it")
-        pytest.skip("chromium is not installed")
+    require_chromium()
     photos = [phone_jpeg(seed) for seed in range(SESSIONS)]
     wanted = [expected(real_model, data) for data in photos]
     with streamlit_server(launcher=LAUNCHER, timeout=300) as (url, proc), chromium() as browser:

@@ -14,7 +14,7 @@ from PIL import Image
 import attnviz
 from attnviz import cli, html, render, sweep
 from conftest import ASSETS, tiny_vit
-from serve import chromium, chromium_path
+from serve import chromium, chromium_path, require_chromium
 
 LIMIT_196 = 5_000_000  # bytes: the page at 196 px (issue #12)
 
@@ -36,8 +36,7 @@ def real_page(real_cap, real_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    if chromium_path() is None:
-        pytest.skip("Debian's chromium is not installed")
+    require_chromium()
     with chromium() as b:
         yield b
 

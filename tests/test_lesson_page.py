@@ -86,12 +86,9 @@ def test_language_switch_after_running_the_test_in_a_real_browser():
     """Switching language after the perturbation test keeps every choice and raises nothing (a real bug once)."""
     import os
 
-    from serve import chromium, chromium_path, streamlit_server
+    from serve import chromium, require_chromium, streamlit_server
 
-    if chromium_path() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("Debian's chromium is missing: .ci/run must install it")
-        pytest.skip("chromium is not installed")
+    require_chromium()
     port = int(os.environ.get("ATTNVIZ_LESSON_PORT", "0")) or None
     with streamlit_server(port) as (url, _proc), chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 2000})

@@ -6,7 +6,6 @@ import os
 import pickle
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -112,21 +111,6 @@ def test_uncached_hub_model_without_network_fails_fast_and_clearly(tmp_path):
                        "reached.")
     assert not any((tmp_path / "hf").rglob("*.safetensors"))
 
-
-@pytest.fixture
-def connections(monkeypatch):
-    """Every internet-family socket connection attempted while the fixture is active (refused)."""
-    seen: list[object] = []
-    original = socket.socket.connect
-
-    def guarded(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            seen.append(address)
-            raise ConnectionRefusedError("tests allow no network")
-        return original(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    return seen
 
 
 def test_default_model_needs_no_network(connections, cat):

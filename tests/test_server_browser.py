@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from serve import chromium, chromium_path, streamlit_server
+from serve import chromium, require_chromium, streamlit_server
 
 TAB7 = "7 · Is attention an explanation?"
 
@@ -36,8 +36,7 @@ def queue_place(page) -> int:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_a_visitor_who_leaves_gives_up_the_place_in_the_queue():
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed")
+    require_chromium()
     with streamlit_server(env={"ATTNVIZ_HEAVY_JOBS": "1"}) as (url, _), chromium() as browser:
         a, page_a = lesson_tab(browser, url, steps_left=-4)  # 90 %: the longest test, running meanwhile
         b, page_b = lesson_tab(browser, url, steps_left=1)

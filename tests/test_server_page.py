@@ -79,23 +79,6 @@ def test_downloads_are_off_unless_the_owner_allows_them(monkeypatch, connections
     assert connections == []
 
 
-@pytest.fixture
-def connections(monkeypatch):
-    """Internet-family socket connections attempted meanwhile (refused)."""
-    import socket
-
-    seen: list[object] = []
-    original = socket.socket.connect
-
-    def guarded(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            seen.append(address)
-            raise ConnectionRefusedError("tests allow no network")
-        return original(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    return seen
-
 
 @pytest.fixture
 def owner_folder(tmp_path, monkeypatch):

@@ -205,10 +205,9 @@ def test_choosing_a_cell_sets_layer_and_head(head, expected):
 def test_clicking_a_patch_and_a_cell_in_a_real_browser():
     import time
 
-    from serve import chromium, chromium_path, streamlit_server
+    from serve import chromium, require_chromium, streamlit_server
 
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed")
+    require_chromium()
     port = int(os.environ.get("ATTNVIZ_TEST_PORT", "0")) or None
     with streamlit_server(port=port) as (url, _proc), chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 2000})
