@@ -12,7 +12,7 @@ Two pieces, both free of any web framework:
   records only its calling thread's pass: many viewers share one model and never see each other's
   frames.
 
-A notebook can call ``heatmap_frame(model, Image.open("cup.jpg"), LiveSettings(layer=11, head="mean"))``,
+A notebook can call ``heatmap_frame(Image.open("cup.jpg"), LiveSettings(model, layer=11, head="mean"))``,
 or feed ``LiveProcessor.recv`` PIL images (or anything with ``to_image()``, such as ``av.VideoFrame``).
 """
 from __future__ import annotations
@@ -63,8 +63,10 @@ class LiveFrame:
     seconds: float  # wall time of the whole frame: view, capture, map and overlay
 
 
-def heatmap_frame(model: Model, image: Image.Image, settings: LiveSettings) -> LiveFrame:
-    """picture → view → capture → class-token map → overlay, exactly as :func:`attnviz.capture` does it."""
+def heatmap_frame(image: Image.Image, settings: LiveSettings) -> LiveFrame:
+    """picture → view → capture → class-token map → overlay, exactly as :func:`attnviz.capture` does it,
+    with the model the settings name (swapped together with them)."""
+    model = settings.model
     start = time.perf_counter()
     image = image.convert("RGB")
     view = model.view(image, settings.fit)  # the one preprocessing path: page, CLI and camera alike
@@ -217,7 +219,7 @@ class LiveProcessor:
                 self._pending = None
             settings = self.settings
             try:
-                live = heatmap_frame(settings.model, frame_image(frame), settings)
+                live = heatmap_frame(frame_image(frame), settings)
                 output = self._encode(live.picture)
             except Exception as e:  # a bad frame must not end the stream; the page can say so
                 self.error = e

@@ -37,7 +37,7 @@ def test_frame_equals_capture_on_the_same_picture(real_model, layer, head, fit):
     """The stream's map is exactly what a still capture of the same picture gives (the Freeze promise)."""
     image = Image.open(ASSETS / "coffee.jpg").convert("RGB").resize((320, 240))
     settings = LiveSettings(real_model, layer=layer, head=head, alpha=0.5, cmap="viridis", fit=fit)
-    live = heatmap_frame(real_model, image, settings)
+    live = heatmap_frame(image, settings)
     cap = attnviz.capture(real_model, image, fit=fit)
     want = cap.cls_map(layer, head)
     assert live.cls_map.shape == (14, 14)
@@ -53,7 +53,7 @@ def test_frame_equals_capture_on_the_same_picture(real_model, layer, head, fit):
 
 
 def test_display_size_enlarges_without_changing_the_colours(tiny):
-    live = heatmap_frame(tiny, camera_frame(0), LiveSettings(tiny, layer=1, display=64))
+    live = heatmap_frame(camera_frame(0), LiveSettings(tiny, layer=1, display=64))
     assert live.picture.size == (64, 64)  # 32 px input, doubled with nearest neighbours
     small = render.overlay(live.view, live.cls_map)
     assert np.array_equal(np.asarray(live.picture)[::2, ::2], np.asarray(small))
