@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ds.add_argument("--engine", choices=("local", "ray"), default="local", help="local (default) or ray")
     ds.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto or ray://head:10001); "
                                                     "default: start a local one")
-    ds.add_argument("--batch", type=int, default=4, help="images per forward pass (default 4)")
+    ds.add_argument("--batch", type=int, default=4, help="images per batch: one part file (and one Ray task) each (default 4)")
     ds.add_argument("--workers", type=int, default=1, help="Ray actors, each holding one model (default 1)")
     ds.add_argument("--cpus-per-worker", type=int, default=None,
                     help="CPUs (and torch threads) per Ray actor (default: all local CPUs shared out; 1 on a cluster)")

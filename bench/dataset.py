@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from PIL import Image, ImageOps  # noqa: E402
 
 from attnviz import dataset  # noqa: E402
+from attnviz.capture import capture_tensor  # noqa: E402
 from attnviz.dataset import RunConfig  # noqa: E402
 
 
@@ -49,25 +50,21 @@ def photos(folder: Path, count: int) -> Path:
 
 
 def time_split(size: int, repeats: int) -> dict:
-    """Median ms per image of the capture (batch 1 and 4) and of the statistics, on one sample."""
+    """Median ms per image of the capture and of the statistics, on the sample photos."""
     model = RunConfig(size=size).load()
     items = dataset.read_items([str(p) for p in sorted((ROOT / "assets").glob("*.jpg"))])
     x = torch.cat([model.to_input(model.view(Image.open(p).convert("RGB"))) for p, _ in items])  # (4, 3, S, S)
-    one, four, stats = [], [], []
-    dataset.capture_batch(model, x[:1])
+    one, stats = [], []
+    capture_tensor(model, x[:1])
     for _ in range(repeats):
         start = time.perf_counter()
-        for i in range(4):
-            dataset.capture_batch(model, x[i : i + 1])
-        one.append((time.perf_counter() - start) / 4)
-        start = time.perf_counter()
-        caps = dataset.capture_batch(model, x)
-        four.append((time.perf_counter() - start) / 4)
+        caps = [capture_tensor(model, x[i : i + 1]) for i in range(len(x))]
+        one.append((time.perf_counter() - start) / len(x))
         start = time.perf_counter()
         dataset.head_values(caps[0])
         stats.append(time.perf_counter() - start)
     ms = lambda ts: 1000 * statistics.median(ts)  # noqa: E731
-    return {"size": size, "capture_b1": ms(one), "capture_b4": ms(four), "stats": ms(stats)}
+    return {"size": size, "capture": ms(one), "stats": ms(stats)}
 
 
 def local_rate(folder: Path, size: int, batch: int) -> float:
@@ -100,11 +97,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; numbers from one run each, "
           "on a shared machine they vary by ±30 %\n")
 
-    print("| input | capture, batch 1 | capture, batch 4 | statistics (per image) |")
-    print("|---|---|---|---|")
+    print("| input | capture (per image) | statistics (per image) |")
+    print("|---|---|---|")
     for size in args.sizes:
         s = time_split(size, args.repeats)
-        print(f"| {size} px | {s['capture_b1']:.0f} ms | {s['capture_b4']:.0f} ms | {s['stats']:.0f} ms |", flush=True)
+        print(f"| {size} px | {s['capture']:.0f} ms | {s['stats']:.0f} ms |", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -13,7 +13,7 @@ from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 import attnviz
-from attnviz import Capture, capture, capture_tensor, cli, dataset, load_photo
+from attnviz import Capture, capture, cli, dataset, load_photo
 from attnviz.dataset import RunConfig, read_run, run_local
 
 from conftest import ASSETS, tiny_vit
@@ -55,20 +55,6 @@ def test_folder_walk_and_list_file(folder, tmp_path):
 
 
 # --- The numbers ------------------------------------------------------------------------------
-
-def test_batched_capture_equals_one_by_one():
-    model = tiny_vit(reg_tokens=2)
-    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    for i, batched in enumerate(dataset.capture_batch(model, x)):
-        alone = capture_tensor(model, x[i : i + 1])
-        for f in dataclasses.fields(batched):
-            a, b = getattr(batched, f.name), getattr(alone, f.name)
-            if isinstance(a, torch.Tensor):
-                assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6), f.name
-            elif f.name != "seconds":
-                assert a == b, f.name
-        assert np.allclose(batched.weights(1, 2), alone.weights(1, 2), atol=1e-6)
-
 
 def test_head_rows_match_an_independent_recomputation(real_model):
     """Every statistic of one photo's rows, recomputed in float64 NumPy from the queries and keys."""
