@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import io
 import json
 import platform
 import zipfile
@@ -239,6 +240,33 @@ def save_capture(
         labels: the classifier's class names, stored as ``labels`` (C,) beside ``output``.
         extra: more arrays to store as they are (e.g. the CLI's ``rollout``).
     """
+    meta = _export_meta(cap, format, dtype, about)
+    path = Path(path)
+    partial = path.with_name(path.name + ".part")  # a failed or interrupted export leaves no half-written .npz
+    try:
+        _write(partial, cap, meta, format, dtype, labels, extra)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def capture_bytes(
+    cap: Capture,
+    *,
+    format: Format = "qk",
+    dtype: str = "float32",
+    about: dict | None = None,
+    labels: tuple[str, ...] | None = None,
+) -> bytes:
+    """:func:`save_capture`'s file, built in memory (a page's download: nothing touches the disk)."""
+    meta = _export_meta(cap, format, dtype, about)
+    buffer = io.BytesIO()
+    _write(buffer, cap, meta, format, dtype, labels, None)
+    return buffer.getvalue()
+
+
+def _export_meta(cap: Capture, format: str, dtype: str, about: dict | None) -> dict:
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
     if dtype not in DTYPES:
@@ -259,18 +287,13 @@ def save_capture(
             k: {"dtype": str(a.dtype), "shape": list(a.shape), "kind": kinds[k]} for k, a in arrays.items()}},
         **(about or {}),
     }
-    path = Path(path)
-    partial = path.with_name(path.name + ".part")  # a failed or interrupted export leaves no half-written .npz
-    try:
-        _write(partial, cap, arrays, meta, format, dtype, labels, extra)
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
-    return path
+    return meta
 
 
-def _write(path: Path, cap: Capture, arrays: dict, meta: dict, format: str, dtype: str, labels, extra) -> None:
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+def _write(target, cap: Capture, meta: dict, format: str, dtype: str, labels, extra) -> None:
+    """The export's zip into ``target``, a path or a binary file object."""
+    arrays = _split(cap)[0]
+    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         _write_array(zf, "meta", np.array(json.dumps(meta, ensure_ascii=False, indent=1)))
         for name, array in arrays.items():
             _write_array(zf, name, array)

@@ -86,15 +86,22 @@ def test_matrix_row_choice_is_the_query_of_the_query_view(app, page_capture):
     assert "class token [CLS]" in app.subheader[0].value
 
 
-def test_matrix_npz_holds_the_whole_capture(page_capture):
+def test_matrix_npz_holds_the_whole_capture(page_capture, real_model, tmp_path):
     import io
 
+    import attnviz
     from views.matrix import npz_bytes
 
-    arrays = np.load(io.BytesIO(npz_bytes(page_capture)))
+    data = npz_bytes(page_capture, real_model)
+    arrays = np.load(io.BytesIO(data))
     assert arrays["attention"].shape == (12, 6, 197, 197)
     np.testing.assert_allclose(arrays["attention"][4, 2], page_capture.weights(4, 2), atol=0)
     assert tuple(arrays["grid"]) == (14, 14) and int(arrays["num_prefix_tokens"]) == 1
+    # the same file as the CLI's export: it loads back into a capture with the same weights
+    (tmp_path / "page.npz").write_bytes(data)
+    again = attnviz.load_capture(tmp_path / "page.npz")
+    np.testing.assert_array_equal(again.weights(11, "mean"), page_capture.weights(11, "mean"))
+    assert attnviz.export.read_meta(tmp_path / "page.npz")["format"] == "full"
 
 
 def test_rollout_view_numbers(app, page_capture):

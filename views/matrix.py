@@ -1,11 +1,10 @@
 """The full N × N attention matrix of one layer and head, with the selected query row highlighted."""
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import streamlit as st
 
+from attnviz import export
 from ui import t
 
 from . import Context
@@ -69,14 +68,10 @@ def matrix_figure(cap, weights: np.ndarray, query: int, cmap: str, log: bool):
     return fig
 
 
-def npz_bytes(cap) -> bytes:
-    """The whole capture as a compressed .npz (same arrays as the CLI's export)."""
-    buffer = io.BytesIO()
-    np.savez_compressed(
-        buffer, attention=cap.all_weights(), input=cap.input.cpu().numpy(), grid=np.array(cap.grid),
-        num_prefix_tokens=np.array(cap.num_prefix_tokens),
-    )
-    return buffer.getvalue()
+def npz_bytes(cap, model=None) -> bytes:
+    """The whole capture as the CLI's ``--format full`` export (``attnviz.load_capture`` reads it back)."""
+    about = export.describe(model, cap) if model is not None else None
+    return export.capture_bytes(cap, format="full", about=about, labels=model.labels if model is not None else None)
 
 
 def show(ctx: Context) -> None:
@@ -97,6 +92,6 @@ def show(ctx: Context) -> None:
     download_file(png, f"matrix_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_matrix")
 
     download_file(
-        lambda: npz_bytes(cap), "attention_capture.npz", key="download_npz", mime="application/octet-stream",
+        lambda: npz_bytes(cap, ctx.model), "attention_capture.npz", key="download_npz", mime="application/octet-stream",
         label=t("analysis.download_npz"), help=t("analysis.npz_help"),
     )
