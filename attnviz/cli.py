@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnviz export IMAGE... --out DIR [options]``.
+"""Command line: ``attnviz export IMAGE... --out DIR [options]``.
 
 Per image, in ``DIR``:
 - ``<stem>.npz``: an uncompressed NPZ that :func:`attnviz.load_capture` reads back. ``--format full``
@@ -17,6 +17,7 @@ Problems with the options themselves (model, device, output folder) get one line
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -128,8 +129,20 @@ def export(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def app(options: list[str]) -> int:
+    """``attnviz app``: the Streamlit page, model warmed first (:mod:`attnviz_app.launch`)."""
+    missing = [name for name in ("streamlit", "streamlit_webrtc") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"attnviz app needs the web app's packages ({', '.join(missing)} missing): pip install 'attnviz[app]'",
+              file=sys.stderr)
+        return 2
+    from attnviz_app import launch
+
+    return launch.main(options)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnviz", description="See what a Vision Transformer attends to.")
+    parser = argparse.ArgumentParser(prog="attnviz", description="See what a Vision Transformer attends to.")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser(
         "export", help="write every layer's and head's attention for images to .npz, .png (and .html, .gif)",
@@ -159,5 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write <stem>_layers.gif: the class-token map from layer 1 to L, for slides")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     dataset_cli.add_parser(sub)
+    sub.add_parser("app", help="serve the web page (needs pip install 'attnviz[app]'); Streamlit's options pass through, "
+                   "e.g. attnviz app --server.port 8600", add_help=False)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["app"]:
+        return app(argv[1:])
     args = parser.parse_args(argv)
     return dataset_cli.run(args) if args.command == "dataset" else export(args)

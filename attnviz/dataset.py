@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from .errors import RunError
 from .capture import Capture, capture
 from .images import ImageError
 from .photos import read_photo
@@ -245,10 +246,6 @@ def missing_errors(paths: Iterable[str]) -> pa.Table:
 
 
 # --- The run folder ----------------------------------------------------------------------------
-
-class RunError(ValueError):
-    """A run folder that cannot be used as asked; ``str(error)`` is one sentence."""
-
 
 @dataclass(frozen=True)
 class RunFolder:

@@ -1,4 +1,4 @@
-"""``python -m attnviz dataset DIR --out OUT``: attention statistics over a folder of photos, in Parquet.
+"""``attnviz dataset DIR --out OUT``: attention statistics over a folder of photos, in Parquet.
 
 See :mod:`attnviz.dataset` for what the run folder holds and :mod:`attnviz.dataset_ray` for the Ray engine.
 """

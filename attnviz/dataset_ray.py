@@ -22,9 +22,6 @@ import pyarrow as pa
 
 from .dataset import RunConfig, RunFolder, Summary, analyse, list_images, missing_errors, saver
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-
-
 class Analyser:
     """A Ray actor: one model, loaded once; called with batches of ``path`` / ``bytes`` columns."""
 
@@ -48,7 +45,6 @@ def start_local(num_cpus: int | None = None) -> None:
 
     ray.init(
         num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": _PACKAGE_ROOT}},
     )
 
 

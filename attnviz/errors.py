@@ -1,7 +1,18 @@
-"""Errors whose message is one sentence a person can act on."""
+"""Every error attnviz raises on bad input or a model it cannot read: one base class, one sentence each.
+
+    try:
+        cap = attnviz.capture(attnviz.load_model(name), attnviz.load_photo(path, model).image)
+    except attnviz.AttnvizError as e:
+        print(e)  # one sentence a person can act on
+"""
+from __future__ import annotations
 
 
-class ModelError(RuntimeError):
+class AttnvizError(Exception):
+    """Base of every attnviz error; ``str(error)`` is one sentence a person can act on."""
+
+
+class ModelError(AttnvizError, RuntimeError):
     """A model could not be loaded, or attnviz cannot reproduce its attention exactly."""
 
 
@@ -9,5 +20,29 @@ class HubUnavailable(ModelError):
     """A hub model that is not in this computer's cache and cannot (or may not) be downloaded now."""
 
 
-class NoClassTokenError(ValueError):
+class NoClassTokenError(AttnvizError, ValueError):
     """The model has no class token, so there is no class-token row to show."""
+
+
+class ImageError(AttnvizError, ValueError):
+    """The file is not an image we can use.
+
+    ``key`` and ``values`` name the same sentence for a translation catalogue (``images.<key>``).
+    """
+
+    def __init__(self, message: str, key: str = "unreadable", **values: object) -> None:
+        super().__init__(message)
+        self.key = key
+        self.values = values
+
+
+class RelevanceError(AttnvizError, ValueError):
+    """Class-specific maps cannot be computed for this model (e.g. it has no classifier head)."""
+
+
+class ExportError(AttnvizError, ValueError):
+    """A file is not an attnviz export this version can read."""
+
+
+class RunError(AttnvizError, ValueError):
+    """A dataset run folder that cannot be used as asked."""

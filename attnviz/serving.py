@@ -94,16 +94,19 @@ class Checkpoint:
     """One entry of the owner's folder, as the page offers it."""
 
     label: str  # what a visitor sees and picks: the file or folder name, never the full path
-    arch: str  # the timm architecture, or "hf:<folder>" for a transformers folder
-    path: Path  # the .safetensors file, or the transformers folder
+    arch: str  # the timm architecture, or a family's name for a folder it loads ("hf:<folder>")
+    path: Path  # the .safetensors file, or the folder
 
     @property
-    def is_hf(self) -> bool:
-        return self.arch.startswith("hf:")
+    def is_folder(self) -> bool:
+        """A model folder that ``load_model(arch)`` loads by name, not a checkpoint file for ``checkpoint=``."""
+        from .adapters import family_of_name
+
+        return family_of_name(self.arch) is not None
 
     def files(self) -> tuple[Path, ...]:
         """Every file whose bytes make up this checkpoint (what its content key is made of)."""
-        if self.is_hf:
+        if self.is_folder:
             return tuple(sorted([*self.path.glob("*.safetensors"), *self.path.glob("*.json")]))
         return (self.path,)
 
@@ -169,8 +172,10 @@ def _entry(path: Path) -> Checkpoint | None:
         weights = path / "model.safetensors"
         if _is_timm_arch(settings.get("architecture", "")) and weights.is_file():
             return Checkpoint(path.name, settings["architecture"], weights)
-        if settings.get("model_type") and any(path.glob("*.safetensors")):
-            return Checkpoint(path.name, f"hf:{path}", path)
+        if settings.get("model_type") and any(path.glob("*.safetensors")):  # a transformers folder
+            from .adapters.hf import FAMILY as HUGGING_FACE
+
+            return Checkpoint(path.name, HUGGING_FACE.model_name(str(path)), path)
     return None
 
 
@@ -232,10 +237,10 @@ def check_budget(what: str, params: int, limit: int) -> None:
 def hub_file(name: str) -> str | None:
     """The weights file of hub model ``name`` in this computer's Hugging Face cache (its path names the
     snapshot, so it changes with the content), or None when it is not cached."""
-    from .models import _cached_hub_file
+    from .models import cached_hub_file
 
     try:
-        return _cached_hub_file(name)
+        return cached_hub_file(name)
     except Exception:  # an odd cache layout or name: treat as not cached
         return None
 

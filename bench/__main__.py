@@ -23,15 +23,16 @@ import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import attnviz  # noqa: E402
-from attnviz import render  # noqa: E402
-from attnviz.rollout import cls_rollout_grid  # noqa: E402
-from bench.peers import hf_dinov2  # noqa: E402
+import attnviz
+from attnviz import render
+from attnviz.rollout import cls_rollout_grid
+from bench.peers import hf_dinov2
 
-PHOTO = ROOT / "assets" / "cat.jpg"
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
+
+PHOTO = ASSETS / "cat.jpg"
 
 
 def medians(fns: dict, repeats: int, warmup: int = 2) -> dict[str, float]:
@@ -147,7 +148,7 @@ def cold_load() -> dict[str, float]:
 
 
 def browser_times(repeats: int) -> dict[str, float]:
-    from serve import chromium, chromium_path, streamlit_server
+    from tests.serve import chromium, chromium_path, streamlit_server
 
     if chromium_path() is None:
         return {}
@@ -164,12 +165,12 @@ def browser_times(repeats: int) -> dict[str, float]:
         first = time.perf_counter()
         page.get_by_text("Upload a photo", exact=True).click()
         file_input = page.locator("input[type=file]")
-        file_input.set_input_files(str(ROOT / "assets" / "cat.jpg"))  # warms the model
+        file_input.set_input_files(str(ASSETS / "cat.jpg"))  # warms the model
         page.get_by_text("Layer 12, mean of all heads").wait_for(timeout=120_000)
         wait_new = "([s, old]) => { const i = document.querySelector(s); return i && i.src !== old && i.complete; }"
         for r in range(repeats):
             # a fresh image each time (not cached): upload → heatmap
-            photo = Image.open(ROOT / "assets" / photos[r % len(photos)]).rotate(r + 1)
+            photo = Image.open(ASSETS / photos[r % len(photos)]).rotate(r + 1)
             path = Path(tempfile.mkdtemp()) / f"photo{r}.png"
             photo.save(path)
             page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=60_000)

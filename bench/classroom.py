@@ -18,13 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "corpus"))
+from tests.serve import ATTNVIZ_APP
 
 HEATMAP = ".st-key-result [data-testid='stImage'] img"
-LAUNCHER = [sys.executable, str(ROOT / "launch.py")]  # what `make run` runs
+LAUNCHER = ATTNVIZ_APP  # what `make run` runs
 # Kept in each page: the moment its first heatmap picture has arrived and is drawn (one clock: the browser's).
 WATCH = """() => { window.__heatAt = null; const timer = setInterval(() => {
   const i = document.querySelector(".st-key-result [data-testid='stImage'] img");
@@ -36,7 +33,7 @@ def phone_jpeg(seed: int, size: tuple[int, int] = (4032, 3024)) -> bytes:
     helper's gradients turned one of 8 ways and a dark disc somewhere on a 6 × 5 grid."""
     from PIL import Image, ImageDraw
 
-    from make_corpus import encode, photo
+    from tests.make_corpus import encode, photo
 
     w, h = size
     picture = photo(*size, seed=seed).transpose(list(Image.Transpose)[seed % 7]).resize(size)
@@ -105,9 +102,9 @@ def stages(repeats: int = 7) -> dict[str, float]:
     import attnviz
     from attnviz import render
     from attnviz.images import open_image
-    from views.common import enlarge, png_bytes
+    from attnviz_app.views.common import enlarge, png_bytes
 
-    import launch
+    from attnviz_app import launch
 
     launch.tune_for_a_class()  # one intra-op thread, as the server runs
     model = attnviz.load_model(device="cpu")
@@ -143,7 +140,7 @@ def stages(repeats: int = 7) -> dict[str, float]:
 
 def first_visit() -> tuple[float, float]:
     """(seconds until a `make run` server answers, seconds from then to the first visitor's heatmap)."""
-    from serve import chromium, streamlit_server
+    from tests.serve import chromium, streamlit_server
 
     with chromium() as browser:
         browser.new_page().goto("about:blank")  # the browser itself is not what we time
@@ -159,7 +156,7 @@ def first_visit() -> tuple[float, float]:
 
 
 def main() -> None:
-    from serve import chromium, chromium_path, streamlit_server
+    from tests.serve import chromium, chromium_path, streamlit_server
 
     parser = argparse.ArgumentParser(prog="python -m bench.classroom")
     parser.add_argument("--sessions", type=int, default=30)

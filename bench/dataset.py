@@ -20,21 +20,21 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
+from PIL import Image, ImageOps
 
-import torch  # noqa: E402
-from PIL import Image, ImageOps  # noqa: E402
+from attnviz import dataset
+from attnviz.capture import capture_tensor
+from attnviz.dataset import RunConfig
+import attnviz
 
-from attnviz import dataset  # noqa: E402
-from attnviz.capture import capture_tensor  # noqa: E402
-from attnviz.dataset import RunConfig  # noqa: E402
+ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
 
 
 def photos(folder: Path, count: int) -> Path:
     """``count`` distinct photos made from the samples (4 sources × mirror × crop × turn)."""
     folder.mkdir(parents=True, exist_ok=True)
-    sources = sorted((ROOT / "assets").glob("*.jpg"))
+    sources = sorted(ASSETS.glob("*.jpg"))
     for i in range(count):
         im = Image.open(sources[i % len(sources)]).convert("RGB")
         variant = i // len(sources)
@@ -52,7 +52,7 @@ def photos(folder: Path, count: int) -> Path:
 def time_split(size: int, repeats: int) -> dict:
     """Median ms per image of the capture and of the statistics, on the sample photos."""
     model = RunConfig(size=size).load()
-    items = dataset.read_items([str(p) for p in sorted((ROOT / "assets").glob("*.jpg"))])
+    items = dataset.read_items([str(p) for p in sorted(ASSETS.glob("*.jpg"))])
     x = torch.cat([model.to_input(model.view(Image.open(p).convert("RGB"))) for p, _ in items])  # (4, 3, S, S)
     one, stats = [], []
     capture_tensor(model, x[:1])

@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, os, sys, time
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
 import numpy as np
 from PIL import Image
 import attnviz
@@ -31,7 +30,7 @@ def rss(field):
             return int(line.split()[1]) * 1024
 size, what, out = int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
 model = attnviz.load_model(size=size, device="cpu")
-cap = attnviz.capture(model, Image.open(Path(sys.argv[1]) / "assets" / "cat.jpg"))
+cap = attnviz.capture(model, Image.open(attnviz.photos.sample("cat")))
 before = rss("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak (VmHWM) to the current resident size
@@ -68,7 +67,7 @@ def cli_peak(size: int, fmt: str) -> float:
         script = ("import resource, runpy, sys; sys.argv = sys.argv[1:]; "
                   "code = 0\ntry:\n    runpy.run_module('attnviz', run_name='__main__')\nexcept SystemExit as e:\n"
                   "    code = e.code\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024); sys.exit(code)")
-        done = subprocess.run([sys.executable, "-c", script, "attnviz", "export", str(ROOT / "assets" / "cat.jpg"),
+        done = subprocess.run([sys.executable, "-c", script, "attnviz", "export", str(ASSETS / "cat.jpg"),
                                "--out", tmp, "--size", str(size), "--format", fmt, "--device", "cpu", "--quiet"],
                               cwd=ROOT, capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1])

@@ -13,12 +13,9 @@ from pathlib import Path
 import timm
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import attnviz  # noqa: E402
-from attnviz.capture import capture_tensor  # noqa: E402
-from bench.__main__ import medians  # noqa: E402
+import attnviz
+from attnviz.capture import capture_tensor
+from bench.__main__ import medians
 
 MODELS = {
     "timm ViT": "vit_small_patch16_224",

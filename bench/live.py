@@ -15,10 +15,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+import attnviz
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
+
 
 SPEED = re.compile(r"([\d.]+) heatmaps per second · (\d+) ms")
 
@@ -79,7 +79,7 @@ async () => {
 
 def live_speed(seconds: float = 10.0, warmup: float = 5.0) -> dict[str, float]:
     """Stream the fake camera for ``warmup`` + ``seconds`` and return the measured speed."""
-    from serve import FAKE_CAMERA_FLAGS, chromium, streamlit_server
+    from tests.serve import FAKE_CAMERA_FLAGS, chromium, streamlit_server
 
     with streamlit_server() as (url, _), chromium(FAKE_CAMERA_FLAGS) as browser:
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -112,7 +112,7 @@ def processor_speed(workers: int, threads: int | None, seconds: float = 8.0, rat
     from attnviz.live import LiveProcessor, LiveSettings
 
     model = attnviz.load_model(size=196, device="cpu")
-    photo = Image.open(ROOT / "assets" / "cat.jpg").convert("RGB").resize((480, 360))
+    photo = Image.open(ASSETS / "cat.jpg").convert("RGB").resize((480, 360))
     frames = [photo.crop((i, i, i + 320, i + 240)) for i in range(0, 100, 5)]  # a slow pan
     proc = LiveProcessor(LiveSettings(model, layer=model.depth - 1), workers=workers, threads=threads)
     try:

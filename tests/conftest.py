@@ -2,18 +2,18 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import timm
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-ASSETS = ROOT / "assets"
-sys.path.insert(0, str(ROOT))
+import attnviz
+import attnviz_app
 
-import attnviz  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
+APP = Path(attnviz_app.__file__).with_name("streamlit_app.py")  # the script `attnviz app` serves
 
 
 def pytest_addoption(parser):

@@ -42,15 +42,16 @@ def free_port() -> int:
 def streamlit_server(
     port: int | None = None, env: dict | None = None, timeout: float = 120, launcher: list[str] | None = None
 ):
-    """Run ``streamlit run app.py`` on 127.0.0.1; yield (url, process).
+    """Run ``streamlit run app.py`` (a checkout's way) on 127.0.0.1; yield (url, process).
 
-    ``launcher`` replaces ``python -m streamlit run`` (it is given app.py and the server options).
+    ``launcher`` replaces ``python -m streamlit run app.py``, e.g. ``ATTNVIZ_APP`` (``attnviz app``, the
+    installed way); it is given the server options.
     """
     port = port or free_port()
     log = open(os.devnull, "w")
-    launcher = launcher or [sys.executable, "-m", "streamlit", "run"]
+    launcher = launcher or [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py")]
     proc = subprocess.Popen(
-        [*launcher, str(ROOT / "app.py"), "--server.port", str(port),
+        [*launcher, "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
         cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
     )
@@ -77,6 +78,7 @@ def streamlit_server(
         log.close()
 
 
+ATTNVIZ_APP = [sys.executable, "-m", "attnviz", "app"]  # what `make run` runs: `attnviz app`
 FAKE_CAMERA_FLAGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from conftest import APP, ASSETS, ROOT
 
 
 @pytest.fixture
 def app():
-    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()
+    return AppTest.from_file(str(APP), default_timeout=180).run()
 
 
 def heatmap_url(at) -> str:
@@ -85,7 +85,7 @@ def test_layer_and_head_survive_a_run_that_stopped_early(app):
     app.selectbox(key="head").set_value(3).run()
     app.radio(key="source").set_value("upload").run()  # no file yet: the page stops before the widgets
     assert any(i.value == "Choose a sample, upload a photo or take one with the camera." for i in app.info)
-    app.file_uploader(key="upload").set_value(("cat.jpg", (ROOT / "assets" / "cat.jpg").read_bytes(), "image/jpeg"))
+    app.file_uploader(key="upload").set_value(("cat.jpg", (ASSETS / "cat.jpg").read_bytes(), "image/jpeg"))
     app.run()
     assert app.slider(key="layer").value == 5 and app.selectbox(key="head").value == 3
     assert app.subheader[0].value == "Layer 5, head 3: where the class token looks"

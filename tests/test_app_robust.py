@@ -13,10 +13,9 @@ from streamlit.testing.v1 import AppTest
 import attnviz
 from attnviz import render
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import entries  # noqa: E402
+from make_corpus import entries
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import APP
 CORPUS = entries()
 BY_NAME = {e.name: e for e in CORPUS}
 
@@ -24,7 +23,7 @@ BY_NAME = {e.name: e for e in CORPUS}
 @pytest.fixture(scope="module")
 def page():
     """One browser session on the upload input, reused by every test (as one student would)."""
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
     at.radio(key="source").set_value("upload").run()
     assert not at.exception

@@ -13,11 +13,9 @@ import attnviz
 from attnviz import render
 from serve import chromium, require_chromium, streamlit_server
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import encode, photo, quadrants  # noqa: E402
+from make_corpus import encode, photo, quadrants
 
-ROOT = Path(__file__).resolve().parents[1]
-ASSETS = ROOT / "assets"
+from conftest import ASSETS
 HEATMAP = "[data-testid='stImage'] img"
 PORT = 8641
 SESSIONS = 8

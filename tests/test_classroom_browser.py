@@ -14,8 +14,7 @@ import pytest
 
 from serve import chromium, require_chromium, streamlit_server
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import entries  # noqa: E402
+from make_corpus import entries
 
 PHONE_UA = ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) "
             "Version/17.5 Mobile/15E148 Safari/604.1")

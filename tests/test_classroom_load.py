@@ -19,8 +19,7 @@ import attnviz
 from attnviz import render
 from serve import chromium, require_chromium, streamlit_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.classroom import HEATMAP, LAUNCHER, phone_jpeg, run_class  # noqa: E402
+from bench.classroom import HEATMAP, LAUNCHER, phone_jpeg, run_class
 
 SESSIONS = 30
 # A guard, not the target (≤ 1.5 GB, measured by bench.classroom): 2.25 GB before issue #10, ~1.55 GB now,

@@ -8,17 +8,16 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import entries  # noqa: E402
+from make_corpus import entries
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import APP
 CORPUS = {e.name: e.data for e in entries() if e.name in ("one_pixel.png", "strip.png")}
 DISPLAY = ("alpha", "cmap", "smooth")
 
 
 @pytest.fixture(scope="module")
 def app():
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
     assert not at.exception
     return at
@@ -76,7 +75,7 @@ def test_head_choices_read_head_n(app):
 
 
 def test_presenter_view_from_the_url():
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     at.query_params["present"] = "1"
     at.run()
     assert not at.exception and at.toggle(key="present").value is True
@@ -92,7 +91,7 @@ def test_presenter_view_from_the_url():
 
 
 def test_odd_photos_get_a_note_and_file_kinds_are_translated():
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
     at.radio(key="source").set_value("upload").run()
     at.file_uploader(key="upload").set_value(("one_pixel.png", CORPUS["one_pixel.png"], "image/png")).run()

@@ -12,8 +12,7 @@ import pytest
 import attnviz
 from attnviz import cli
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import photo, write_corpus  # noqa: E402
+from make_corpus import photo, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,10 +12,9 @@ from PIL import Image
 
 import attnviz
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import photo, quadrants  # noqa: E402
+from make_corpus import photo, quadrants
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+from conftest import ASSETS
 THREADS = 16
 
 
@@ -28,8 +27,13 @@ def sixteen_photos() -> list[Image.Image]:
     return pictures
 
 
-def hooks_left(network: torch.nn.Module) -> int:
+def hooks_on(network: torch.nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in network.modules())
+
+
+def installed(model: attnviz.Model) -> int:
+    """The hooks wrap() installs, once: q, k and the residual stream of every layer."""
+    return 3 * model.depth
 
 
 def concurrently(model: attnviz.Model, pictures: list[Image.Image]) -> list[attnviz.Capture]:
@@ -64,7 +68,7 @@ def test_sixteen_threads_equal_one_by_one_on_the_real_model(real_model, real_run
     assert all(not torch.equal(one_by_one[0].query, c.query) for c in one_by_one[1:])
     for alone, shared in zip(one_by_one, together):
         assert_same(alone, shared)
-    assert hooks_left(real_model.network) == 0
+    assert hooks_on(real_model.network) == installed(real_model)
 
 
 def test_weights_from_concurrent_captures_equal_one_by_one(real_runs):
@@ -79,12 +83,61 @@ def test_tiny_model_many_rounds_no_crossing(tiny):
     for _ in range(3):
         for alone, shared in zip(one_by_one, concurrently(tiny, pictures)):
             assert_same(alone, shared)
-    assert hooks_left(tiny.network) == 0
+    assert hooks_on(tiny.network) == installed(tiny)
 
 
-def test_hooks_are_removed_when_the_forward_pass_fails(tiny):
+def test_a_failed_forward_pass_leaves_no_capture_running(tiny):
     with pytest.raises(RuntimeError):
         attnviz.capture_tensor(tiny, torch.zeros(1, 5, 32, 32))  # wrong channel count: fails inside the model
-    assert hooks_left(tiny.network) == 0
+    assert tiny.tap.current is None and hooks_on(tiny.network) == installed(tiny)
     attnviz.capture(tiny, photo(32, 32))  # and the model still works afterwards
-    assert hooks_left(tiny.network) == 0
+    assert tiny.tap.current is None and hooks_on(tiny.network) == installed(tiny)
+
+
+def test_hooks_are_installed_once_per_network(tiny):
+    assert hooks_on(tiny.network) == installed(tiny) == 6
+    again = attnviz.wrap(tiny.network, "again", "the same network", 32)
+    assert again.tap is tiny.tap and hooks_on(tiny.network) == 6  # wrapped twice, hooked once
+
+
+def test_a_deep_copy_has_hooks_of_its_own(tiny):
+    """copy.deepcopy(network) copies the hooks too; the copy's write into the copy's captures only."""
+    import copy
+
+    twin = attnviz.wrap(copy.deepcopy(tiny.network), "twin", "a deep copy", 32)
+    assert twin.tap is not tiny.tap and hooks_on(twin.network) == installed(twin)
+    x, other = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    alone = attnviz.capture_tensor(tiny, x)
+
+    def copy_runs_too(_module, _inputs, _output) -> None:
+        twin.network(other)  # on this thread, in the middle of the original's capture
+
+    handle = tiny.network.blocks[0].register_forward_hook(copy_runs_too)
+    try:
+        during = attnviz.capture_tensor(tiny, x)
+    finally:
+        handle.remove()
+    assert_same(alone, during)
+    assert_same(attnviz.capture_tensor(twin, x), alone)  # and the copy captures what the original does
+
+
+def test_other_threads_forward_passes_are_not_recorded(tiny):
+    """A plain forward pass of the shared network on another thread, mid-capture, leaves the capture alone."""
+    x, other = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    alone = attnviz.capture_tensor(tiny, x)
+    inside = threading.Event()
+
+    def meanwhile(_module, _inputs, _output) -> None:
+        if not inside.is_set():
+            inside.set()
+            worker = threading.Thread(target=lambda: tiny.network(other))
+            worker.start()
+            worker.join()
+
+    handle = tiny.network.blocks[0].register_forward_hook(meanwhile)
+    try:
+        during = attnviz.capture_tensor(tiny, x)
+    finally:
+        handle.remove()
+    assert inside.is_set()
+    assert_same(alone, during)

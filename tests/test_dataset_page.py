@@ -7,10 +7,9 @@ from streamlit.testing.v1 import AppTest
 from attnviz import i18n
 from attnviz.dataset import RunConfig, read_run, run_local
 
-from conftest import ROOT
+from conftest import APP, ROOT
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
 
-APP = str(ROOT / "app.py")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +23,7 @@ def open_page(lang: str, monkeypatch, root) -> AppTest:
     monkeypatch.setenv("ATTNVIZ_DATASETS", str(root))
     at = AppTest.from_file(APP, default_timeout=300)
     at.session_state["lang"] = lang
-    return at.switch_page("pages/dataset.py").run()
+    return at.switch_page("screens/dataset.py").run()
 
 
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
@@ -66,7 +65,7 @@ def test_no_folder_chosen_says_how(monkeypatch):
     monkeypatch.delenv("ATTNVIZ_DATASETS", raising=False)
     at = AppTest.from_file(APP, default_timeout=300)
     at.session_state["lang"] = "zh-TW"
-    at.switch_page("pages/dataset.py").run()
+    at.switch_page("screens/dataset.py").run()
     assert not at.exception
     assert "ATTNVIZ_DATASETS" in at.info[0].value and i18n.text("zh-TW", "dataset.unset") in at.info[0].value
     assert not at.text_input  # no field where a browser could type a server path

@@ -199,3 +199,18 @@ def test_blocks_without_one_attention_module_are_refused():
     network = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, block_fn=ParallelScalingBlock)
     with pytest.raises(ModelError, match="ParallelScalingBlock blocks have no single attention module attnviz knows"):
         attnviz.wrap(network, "parallel", "random", 32)
+
+
+def test_every_error_attnviz_raises_shares_one_base():
+    """One ``except attnviz.AttnvizError`` catches every error the library raises on bad input."""
+    import inspect
+
+    from attnviz import errors, offline, serving
+
+    classes = [c for module in (errors, offline, serving) for _, c in inspect.getmembers(module, inspect.isclass)
+               if issubclass(c, Exception) and c.__module__ == module.__name__]
+    assert {c.__name__ for c in classes} >= {"ImageError", "ModelError", "RelevanceError", "ExportError", "RunError",
+                                             "NoClassTokenError", "HubUnavailable", "WeightsError", "OverBudget"}
+    assert all(issubclass(c, attnviz.AttnvizError) for c in classes)
+    with pytest.raises(attnviz.AttnvizError, match="PDF document"):
+        attnviz.read_photo(b"%PDF-1.4 not a photo", attnviz.load_model(device="cpu"))

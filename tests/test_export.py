@@ -170,7 +170,7 @@ def test_out_naming_a_file_is_one_line(tmp_path, capsys):
 
 
 def test_unreachable_hub_model_says_what_happens(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(attnviz.models, "_cached_hub_file", lambda name: None)
+    monkeypatch.setattr(attnviz.models, "cached_hub_file", lambda name: None)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, err = run_cli(["--out", str(tmp_path / "o"), "--model", "deit_small_patch16_224.fb_in1k"], capsys)
     assert (code, err) == (2, ["error: deit_small_patch16_224.fb_in1k is not in the local cache and the model hub "

@@ -14,7 +14,12 @@ import pytest
 import timm
 import torch
 
+from timm.models.vision_transformer import VisionTransformer
+
 import attnviz
+from attnviz import ModelError
+from attnviz.adapters import Family, register, registry
+from attnviz.adapters.timm_vit import TimmAdapter, layout
 from attnviz.capture import capture_tensor
 
 FAMILIES = {
@@ -138,3 +143,79 @@ def test_dynamic_size_dinov3_at_another_size_is_exact():
     cap = capture_tensor(model, x)
     assert cap.grid == (5, 5) and cap.num_tokens == 5 + 25  # class token + 4 registers + 25 patches
     assert worst(cap, eager_weights(network, x)) <= 1e-5
+
+
+# ---- A new family, written and registered in one place ----------------------------------------
+# An attention class attnviz does not know (a learned temperature τ_h per head on the logits:
+# softmax(τ_h · q · kᵀ · scale)), and everything attnviz needs to read it exactly: the Family below.
+
+
+class TemperatureAttention(timm.layers.Attention):
+    """timm's Attention with a learned per-head temperature on the logits."""
+
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.temperature = torch.nn.Parameter(torch.linspace(0.5, 3.0, num_heads))  # (H,)
+
+    def forward(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        b, n, _ = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, H, N, d_k)
+        q, k = self.q_norm(q), self.k_norm(k)
+        tau = self.temperature.view(-1, 1, 1)  # (H, 1, 1)
+        if self.fused_attn:
+            x = torch.nn.functional.scaled_dot_product_attention(q * tau, k, v)  # SDPA's scale is d_k^-1/2
+        else:
+            weights = ((q * self.scale) @ k.transpose(-2, -1) * tau).softmax(dim=-1)  # (B, H, N, N)
+            x = self.attn_drop(weights) @ v
+        return self.proj_drop(self.proj(self.norm(x.transpose(1, 2).reshape(b, n, self.attn_dim))))
+
+
+class TemperatureAdapter(TimmAdapter):
+    """q and k are read at q_norm / k_norm as for timm's ViT; τ_h then goes into q, so that
+    softmax(q · kᵀ · scale) is again exactly the module's softmax."""
+
+    def finish(self, recorder) -> None:
+        for layer, attn in enumerate(self.attentions):
+            recorder.query[layer] *= attn.temperature.view(-1, 1, 1)  # (H, N, d_k) · (H, 1, 1)
+
+
+TEMPERATURE = Family(
+    "temperature", lambda network, size: TemperatureAdapter(family="temperature", **layout(network, size)),
+    attention=(TemperatureAttention,),
+)
+
+
+def temperature_vit() -> torch.nn.Module:
+    torch.manual_seed(0)
+    network = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5,
+                                attn_layer=TemperatureAttention).eval()
+    with torch.no_grad():
+        for block in network.blocks:
+            block.attn.qkv.weight[:64] *= PEAK  # q and k rows: peaked attention
+    return network
+
+
+def test_a_new_family_is_one_registration(monkeypatch):
+    network = temperature_vit()
+    refusal = (r"^attnviz cannot yet reproduce the attention in test_families\.TemperatureAttention exactly, "
+               r"so it refuses VisionTransformer rather than show attention weights that may be wrong\.$")
+    with pytest.raises(ModelError, match=refusal):
+        attnviz.wrap(network, "temperature", "random init", 32)
+
+    attnviz.adapters.families()  # the built-in families register first, into the real registry
+    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))  # forgotten after this test
+    register(TEMPERATURE)
+    model = attnviz.wrap(network, "temperature", "random init", 32)
+    assert model.adapter.family == "temperature" and model.network.blocks[0].attn.fused_attn
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    cap = capture_tensor(model, x)  # the model's fused path
+    reference = eager_weights(network, x)  # the module's own eager softmax, caught at attn_drop
+    assert worst(cap, reference) <= 1e-5
+    assert max(float(r.max()) for r in reference) > 0.5  # peaked for real
+    # the temperature matters: without it (what a plain timm reading gives) the weights are far off
+    q = cap.query[1] / network.blocks[1].attn.temperature.view(-1, 1, 1)  # (H, N, d_k) as read at q_norm
+    plain = ((q * cap.scale) @ cap.key[1].transpose(-2, -1)).softmax(-1)
+    assert float((plain - reference[1]).abs().max()) > 0.05
+    with torch.no_grad():
+        assert torch.equal(cap.output, network(x)[0])

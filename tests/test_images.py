@@ -15,8 +15,7 @@ import attnviz
 from attnviz import images
 from attnviz.images import CheckedImage, ImageError, open_image
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import entries, file_name, photo, png_header_only, write_corpus  # noqa: E402
+from make_corpus import entries, file_name, photo, png_header_only, write_corpus
 
 CORPUS = entries()
 BAD = [e for e in CORPUS if not e.ok]

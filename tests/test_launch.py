@@ -1,19 +1,15 @@
 """``make run``'s warm start fills the very cache entries the first visitor's page run reads."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
 import attnviz
-from conftest import ROOT
+from conftest import APP
 
 
 def test_warm_start_fills_the_pages_own_caches(monkeypatch):
-    sys.path.insert(0, str(ROOT))
-    import launch
-    import ui
+    from attnviz_app import launch, ui
 
     ui.cached_model.clear()
     ui.cached_capture.clear()
@@ -26,6 +22,6 @@ def test_warm_start_fills_the_pages_own_caches(monkeypatch):
     # model nor capture: both come from the entries warm() made.
     monkeypatch.setattr(attnviz, "load_model", no_model_run)
     monkeypatch.setattr(attnviz, "capture", no_model_run)
-    app = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    app = AppTest.from_file(str(APP), default_timeout=120).run()
     assert not app.exception, app.exception
     assert app.slider(key="layer").value == 12 and app.get("image")

@@ -6,9 +6,8 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz import i18n
 
-from conftest import ROOT
+from conftest import APP, ROOT
 
-APP = str(ROOT / "app.py")
 
 
 def texts(at: AppTest) -> str:
@@ -21,7 +20,7 @@ def open_page(lang: str) -> AppTest:
     # translated in an earlier run.
     at = AppTest.from_file(APP, default_timeout=300)
     at.session_state["lang"] = lang
-    at.switch_page("pages/lesson.py").run()
+    at.switch_page("screens/lesson.py").run()
     return at
 
 

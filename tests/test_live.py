@@ -141,7 +141,7 @@ def test_viewers_sharing_a_model_never_see_each_others_frames():
 
 
 def test_ice_servers_parse_json_and_toml_lists():
-    live_ui = pytest.importorskip("live_ui")
+    live_ui = pytest.importorskip("attnviz_app.live")
     assert live_ui.parse_ice_servers('[{"urls": "stun:10.0.0.1:3478"}]') == [{"urls": "stun:10.0.0.1:3478"}]
     turn = {"urls": ["turn:host:3478"], "username": "u", "credential": "p"}
     assert live_ui.parse_ice_servers([turn]) == [turn]

@@ -13,8 +13,7 @@ import attnviz
 from attnviz import cli, photos
 from attnviz.images import open_image
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import QUADRANT_PROBES, encode, entries, photo  # noqa: E402
+from make_corpus import QUADRANT_PROBES, encode, entries, photo
 
 PHONE = {e.name: e for e in entries() if e.name in (
     "phone_12mp_rotated.jpg", "iphone_12mp_rotated.heic", "phone_rotated.avif", "photo.avif",

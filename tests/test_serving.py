@@ -88,7 +88,7 @@ def test_the_folder_lists_only_what_it_holds_and_can_be_loaded(tmp_path):
         ("timm_export", "vit_small_patch16_224", timm_dir / "model.safetensors"),
         ("vit_tiny_patch16_224--run1.safetensors", "vit_tiny_patch16_224", folder / "vit_tiny_patch16_224--run1.safetensors"),
     ]
-    assert listed[0].is_hf and listed[0].files() == (hf_dir / "config.json", hf_dir / "model.safetensors")
+    assert listed[0].is_folder and listed[0].files() == (hf_dir / "config.json", hf_dir / "model.safetensors")
     assert serving.list_checkpoints(None) == () and serving.list_checkpoints(tmp_path / "missing") == ()
 
 
@@ -114,8 +114,7 @@ def test_architectures_are_counted_on_the_meta_device_exactly():
 
 
 GIANT_SCRIPT = """
-import sys, time
-sys.path.insert(0, {root!r})
+import time
 from attnviz import serving
 
 def rss_mb():
@@ -134,7 +133,7 @@ for arch in ("vit_giant_patch14_224", "vit_7b_patch16_dinov3", "vit_huge_patch14
 
 
 def test_giant_architectures_are_refused_in_under_a_second_with_no_memory_growth():
-    run = subprocess.run([sys.executable, "-c", GIANT_SCRIPT.format(root=str(ROOT))], capture_output=True,
+    run = subprocess.run([sys.executable, "-c", GIANT_SCRIPT.format()], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line.split("|") for line in run.stdout.strip().splitlines()]

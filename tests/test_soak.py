@@ -1,4 +1,4 @@
-"""Many uploads through one server process: bounded memory, no hooks left, no temporary files, nothing on disk.
+"""Many uploads through one server process: bounded memory, no hooks added, no temporary files, nothing on disk.
 
 Short by default (20 uploads); ``--slow`` runs the full 200. Both count the live captures and decoded
 photos in the server (a leak of one per upload shows at once); the full run also bounds the growth of
@@ -23,11 +23,10 @@ import pytest
 from PIL import PngImagePlugin
 
 from serve import streamlit_server
-from ui import CAPTURE_CACHE_ENTRIES, IMAGE_CACHE_ENTRIES
+from attnviz_app.ui import CAPTURE_CACHE_ENTRIES, IMAGE_CACHE_ENTRIES
 from test_browser_load import HEATMAP, open_upload, require_chromium
 
-sys.path.insert(0, str(Path(__file__).parent / "corpus"))
-from make_corpus import photo  # noqa: E402
+from make_corpus import photo
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 8642
@@ -35,7 +34,7 @@ WARM_UP = 14  # fills the capture cache (12 entries) before memory is measured
 GROWTH_LIMIT_MB = 50  # full run: median of the last 10 uploads' RSS against the first 10 after warm-up
 
 # Runs the real server, plus a thread that, whenever "<report>.ask" appears, writes to <report> how many
-# torch modules, hooks on them, captures and decoded photos are alive in the process.
+# torch modules, hooks on them, layers of networks attnviz wrapped, captures and decoded photos are alive.
 LAUNCHER = """
 import gc, json, os, sys, threading, time, runpy
 report = sys.argv[1]
@@ -50,9 +49,11 @@ def answer():
             gc.freeze()
             modules = [o for o in live if isinstance(o, torch.nn.Module)]
             hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
+            wrapped = sum(len(m.blocks) for m in modules if "_attnviz_tap" in m.__dict__)
             names = [type(o).__name__ for o in live]
             with open(report + ".tmp", "w") as f:
-                json.dump({"modules": len(modules), "hooks": hooks, "captures": names.count("Capture"),
+                json.dump({"modules": len(modules), "hooks": hooks, "layers": wrapped,
+                           "captures": names.count("Capture"),
                            "photos": names.count("CheckedImage")}, f)
             os.replace(report + ".tmp", report)
             os.unlink(report + ".ask")
@@ -64,7 +65,7 @@ runpy.run_module("streamlit", run_name="__main__")
 
 def probed_server(port: int, report: Path, tmpdir: Path):
     """The real server, started through LAUNCHER so the test can ask it how many hooks are attached."""
-    return streamlit_server(port, env={"TMPDIR": str(tmpdir)}, launcher=[sys.executable, "-c", LAUNCHER, str(report)])
+    return streamlit_server(port, env={"TMPDIR": str(tmpdir)}, launcher=[sys.executable, "-c", LAUNCHER, str(report), str(ROOT / "app.py")])
 
 
 def server_probe(proc: subprocess.Popen, report: Path) -> dict:
@@ -127,9 +128,12 @@ def test_soak(uploads, tmp_path):
     print(f"\nsoak: {uploads} uploads; server RSS {rss[0]:.0f} MB after {warm} warm-up uploads, {rss[-1]:.0f} MB "
           f"at the end, median growth {growth:+.1f} MB (from {min(rss):.0f} to {max(rss):.0f} MB on the way); "
           f"live captures {probe['captures']}, decoded photos {probe['photos']}; hooks attached: "
-          f"{probe['hooks']} on {probe['modules']} modules; new temporary files: {len(temp_after - temp_before)}; "
+          f"{probe['hooks']} on {probe['modules']} modules ({probe['layers']} wrapped layers); "
+          f"new temporary files: {len(temp_after - temp_before)}; "
           f"RSS every 20 uploads: {[round(r) for r in rss[::20]]} MB")
-    assert probe["modules"] > 100 and probe["hooks"] == 0
+    # wrap() hooks q, k and the residual stream of every layer once (the default model: 12 layers); a
+    # capture adds none, so 20 or 200 uploads leave exactly those
+    assert probe["modules"] > 100 and probe["layers"] >= 12 and probe["hooks"] == 3 * probe["layers"]
     # what the caches may hold, plus the session's own current photo and capture
     assert 1 <= probe["captures"] <= CAPTURE_CACHE_ENTRIES + 1
     assert 1 <= probe["photos"] <= IMAGE_CACHE_ENTRIES + 1

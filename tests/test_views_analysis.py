@@ -13,14 +13,14 @@ import attnviz
 from attnviz.images import open_image
 from attnviz.masks import mass_mask
 from attnviz.rollout import rollout_map
-from conftest import ASSETS, ROOT
+from conftest import APP, ASSETS, ROOT
 
 ANALYSIS_VIEWS = ("query", "matrix", "heads", "rollout", "mask", "stats", "relevance")
 
 
 @pytest.fixture(scope="module")
 def app():
-    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()
+    return AppTest.from_file(str(APP), default_timeout=180).run()
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def scale_numbers(text: str) -> tuple[float, float]:
 def test_every_view_draws_without_running_the_model(lang, real_model, monkeypatch):
     calls = []
     for view in ANALYSIS_VIEWS:
-        at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+        at = AppTest.from_file(str(APP), default_timeout=180)
         # Chosen before the run: AppTest cannot re-run a page whose radio labels follow the session's language.
         at.session_state["lang"] = lang
         at.session_state["view"] = view
@@ -90,7 +90,7 @@ def test_matrix_npz_holds_the_whole_capture(page_capture, real_model, tmp_path):
     import io
 
     import attnviz
-    from views.matrix import npz_bytes
+    from attnviz_app.views.matrix import npz_bytes
 
     data = npz_bytes(page_capture, real_model)
     arrays = np.load(io.BytesIO(data))
@@ -143,20 +143,15 @@ def test_relevance_view_explains_itself_without_a_classifier(app):
 
 
 def relevance_script():
-    import sys
-
-    import streamlit as st
-
-    sys.path[:0] = [st.session_state["root"], st.session_state["root"] + "/tests"]
     import attnviz
-    import views
+    from attnviz_app.views import Context, relevance
     from conftest import tiny_vit
     from PIL import Image
 
     model = tiny_vit(num_classes=10)
-    image = Image.open(st.session_state["root"] + "/assets/cat.jpg")
+    image = Image.open(attnviz.photos.sample("cat"))
     cap = attnviz.capture(model, image)
-    views.relevance.show(views.Context(
+    relevance.show(Context(
         model=model, cap=cap, view=model.view(image), layer=1, head="mean", alpha=0.6, cmap="inferno",
         smooth=False, fit="crop",
     ))
@@ -166,9 +161,7 @@ def test_relevance_view_on_a_classifier(cat):
     from conftest import tiny_vit
     from attnviz.relevance import relevance_map
 
-    at = AppTest.from_function(relevance_script, default_timeout=60)
-    at.session_state["root"] = str(ROOT)
-    at.run()
+    at = AppTest.from_function(relevance_script, default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
     model = tiny_vit(num_classes=10)
     cap = attnviz.capture(model, cat)
@@ -185,12 +178,9 @@ def test_relevance_view_on_a_classifier(cat):
 
 
 def heads_script():
-    import sys
-
     import streamlit as st
 
-    sys.path.insert(0, st.session_state["root"])
-    from views.heads import apply_cell
+    from attnviz_app.views.heads import apply_cell
 
     cell = {"layer": st.session_state["pick_layer"], "head": st.session_state["pick_head"]}
     apply_cell({"selection": {"cell": [cell]}})
@@ -236,7 +226,7 @@ def test_clicking_a_patch_and_a_cell_in_a_real_browser():
         time.sleep(2)  # let Vega lay the grid out
         chart = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
         # 12 rows × 7 columns (6 heads + mean) of STEP px; the plot ends at the chart's right and bottom edges
-        from views.heads import CELL_PX
+        from attnviz_app.views.heads import CELL_PX
 
         step = CELL_PX + 8
         right, bottom = chart["x"] + chart["width"], chart["y"] + chart["height"]

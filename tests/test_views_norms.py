@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.capture import HIGH_NORM_RATIO, capture_tensor
-from conftest import ASSETS, ROOT
+from conftest import APP, ASSETS, ROOT
 
 
 def test_token_norms_are_the_block_outputs(tiny):
@@ -43,7 +43,7 @@ def test_high_norm_marks_a_planted_outlier(tiny):
 
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
 def test_norms_view_and_class_token_reading_on_the_default_model(lang, real_model):
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+    at = AppTest.from_file(str(APP), default_timeout=180)
     at.session_state["lang"] = lang
     at.session_state["view"] = "norms"
     at.run()
@@ -61,7 +61,7 @@ def test_norms_view_and_class_token_reading_on_the_default_model(lang, real_mode
         assert f"最大是中位數的 {top:.2f} 倍" in text
         assert f"最長的圖塊是所在層中位數的 {longest:.2f} 倍，在第 {worst + 1} 層之後" in text
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()  # the class-token view
+    at = AppTest.from_file(str(APP), default_timeout=180).run()  # the class-token view
     assert not at.exception, [e.value for e in at.exception]
     reading = " ".join(m.value for m in at.markdown)
     assert "no patch token's norm exceeds 3× the median in any layer" in reading
@@ -75,8 +75,8 @@ def no_class_token_page(lang: str) -> None:
     import streamlit as st
 
     import attnviz
-    import views
-    from ui import t  # noqa: F401  (the page's translation function reads the session language)
+    from attnviz_app import views
+    from attnviz_app.text import t  # noqa: F401  (the page's translation function reads the session language)
 
     st.session_state.setdefault("lang", lang)
     torch.manual_seed(0)
@@ -86,14 +86,11 @@ def no_class_token_page(lang: str) -> None:
     view = Image.new("RGB", (32, 32), "gray")
     cap = attnviz.capture(model, view)
     for name in ("cls", "rollout", "mask", "heads", "norms"):
-        views.VIEWS[name](views.Context(model, cap, view, 1, "mean", 0.6, "inferno", False, "crop"))
+        views.registered()[name].show(views.Context(model, cap, view, 1, "mean", 0.6, "inferno", False, "crop"))
 
 
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
 def test_a_model_without_a_class_token_is_labelled_on_the_page(lang):
-    import sys
-
-    sys.path.insert(0, str(ROOT))
     at = AppTest.from_function(no_class_token_page, args=(lang,), default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
     notes = [i.value for i in at.info]

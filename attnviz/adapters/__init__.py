@@ -3,27 +3,35 @@
 The capture hooks a network only through its adapter and never asks which family it is. Each
 adapter knows which modules to hook to read every layer's queries and keys, how to turn what it read
 into the exact q and k that enter softmax(q · kᵀ · scale + bias), the additive logit bias if the
-family has one, and the token layout (patch size, prefix tokens, whether token 0 is a class token).
+family has one, the token layout (patch size, prefix tokens, whether token 0 is a class token) and,
+where it has one, an eager forward that class-specific relevance can differentiate.
+
+Each family is one module of this package that ends with ``register(Family(...))``
+(:mod:`.registry`); :func:`adapter_for` asks every registered family in turn. Adding a family is
+adding a module (docs/architecture.md, "How to add a model family").
 
 | family | module | attention classes |
 |---|---|---|
 | timm ViT | :mod:`.timm_vit` | ``timm.layers.Attention`` (ViT, DeiT, DINO, DINOv2, registers) |
 | timm RoPE | :mod:`.timm_rope` | ``EvaAttention``, ``AttentionRope`` (EVA-02, DINOv3, PE, ``vit_*_rope*``) |
 | timm relative position | :mod:`.timm_relpos` | ``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) |
-| Hugging Face | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
+| Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 Anything else (SAM's windowed attention, differential attention, an attention class we do not
 know) is refused with one sentence, never captured as a plausible but wrong number.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from functools import cache
+
 import torch
 
 from ..errors import ModelError
-from .base import Adapter, Recorder
-from . import hf, timm_relpos, timm_rope, timm_vit
-
-TIMM_FAMILIES = (timm_vit, timm_rope, timm_relpos)
+from .base import Adapter
+from .registry import Family, attention_classes, register, registered
+from .tap import Recorder, Tap, residual
 
 # Attention we know and cannot reproduce exactly yet: named in the refusal.
 KNOWN_REFUSALS = {
@@ -31,39 +39,74 @@ KNOWN_REFUSALS = {
     "timm.layers.diff_attention.DiffAttention": "differential attention",
 }
 
-__all__ = ["Adapter", "Recorder", "adapter_for"]
+__all__ = [
+    "Adapter", "Family", "Recorder", "Tap",
+    "adapter_for", "families", "family_of_name", "refusal", "register", "tap_of",
+]
 
 
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+@cache
+def _import_family_modules() -> None:
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def families() -> tuple[Family, ...]:
+    """Every family: those of this package (each module registers its own on import), then any
+    registered by hand, in registration order."""
+    _import_family_modules()
+    return registered()
 
 
 def adapter_for(network: torch.nn.Module, size: int) -> Adapter:
     """The adapter that reads ``network`` exactly at S × S inputs, or a ModelError saying why not."""
-    if hf.is_hf(network):
-        return hf.adapter(network, size)
+    for family in families():
+        if family.claims(network):
+            return family.adapter(network, size)
+    raise ModelError(refusal(network))
+
+
+def family_of_name(name: str | None) -> Family | None:
+    """The family whose prefix starts ``name`` (``"hf:…"``: Hugging Face), which loads it itself;
+    None for the default model and timm names."""
+    if not name:
+        return None
+    return next((f for f in families() if f.prefix is not None and name.startswith(f.prefix)), None)
+
+
+def refusal(network: torch.nn.Module) -> str:
+    """Why no registered family reads ``network``, in one sentence."""
+    net = type(network).__name__
     blocks = getattr(network, "blocks", None)
     if blocks is None or not len(blocks) or not hasattr(network, "patch_embed"):
-        raise ModelError(
-            f"{type(network).__name__} is not a Vision Transformer attnviz can read "
-            "(it has no patch embedding and transformer blocks)."
-        )
-    if type(network).__name__ == "NaFlexVit":  # variable-size patch sequences, masked attention
-        raise ModelError("NaFlexViT masks its attention over padded patches, which attnviz cannot reproduce exactly yet.")
-    attns = [getattr(block, "attn", None) for block in blocks]
-    if any(a is None for a in attns):
-        block = next(b for b, a in zip(blocks, attns) if a is None)
-        raise ModelError(
-            f"{type(block).__name__} blocks have no single attention module attnviz knows, so it refuses "
-            f"{type(network).__name__} rather than show attention weights that may be wrong."
-        )
-    kinds = {type(a) for a in attns}
-    for family in TIMM_FAMILIES:
-        if kinds <= set(family.ATTENTION):
-            return family.adapter(network, size)
-    unknown = next(type(a) for a in attns if not any(type(a) in f.ATTENTION for f in TIMM_FAMILIES))
-    what = KNOWN_REFUSALS.get(_qualified(unknown), f"the attention in {_qualified(unknown)}")
-    raise ModelError(
-        f"attnviz cannot yet reproduce {what} exactly, so it refuses {type(network).__name__} "
-        "rather than show attention weights that may be wrong."
-    )
+        return (f"{net} is not a Vision Transformer attnviz can read "
+                "(it has no patch embedding and transformer blocks).")
+    if attention_classes(network) is None:
+        block = next(b for b in blocks if getattr(b, "attn", None) is None)
+        return (f"{type(block).__name__} blocks have no single attention module attnviz knows, so it refuses "
+                f"{net} rather than show attention weights that may be wrong.")
+    known = {cls for family in families() for cls in family.attention}
+    unknown = next((type(b.attn) for b in blocks if type(b.attn) not in known), None)
+    if unknown is None:
+        return f"{net} mixes the attention of several model families, which attnviz cannot read as one model."
+    name = f"{unknown.__module__}.{unknown.__qualname__}"
+    what = KNOWN_REFUSALS.get(name, f"the attention in {name}")
+    return (f"attnviz cannot yet reproduce {what} exactly, so it refuses {net} "
+            "rather than show attention weights that may be wrong.")
+
+
+def tap_of(network: torch.nn.Module, adapter: Adapter) -> Tap:
+    """The hooks on ``network``, installed by the first wrap and shared by every later one (also by a
+    deep copy's own). Reinstalled only if its attention or block modules have been replaced since."""
+    modules = (*adapter.attentions, *adapter.blocks)
+    tap = getattr(network, "_attnviz_tap", None)
+    if tap is not None and len(tap.modules) == len(modules) and all(a is b for a, b in zip(tap.modules, modules)):
+        return tap
+    if tap is not None:
+        tap.remove()
+    tap = Tap(modules)
+    for layer in range(adapter.depth):
+        adapter.attach(layer, tap)
+        tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, residual)
+    network._attnviz_tap = tap  # travels with the network: deepcopy and pickle copy it with the hooks
+    return tap

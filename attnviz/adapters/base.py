@@ -1,53 +1,12 @@
-"""What every adapter answers, and the recorder its hooks write into."""
+"""What every adapter answers."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from ..errors import ModelError
-
-
-class Recorder:
-    """Where an adapter's hooks put one forward pass's queries and keys.
-
-    The model object is shared by every browser session, so only the thread that started the
-    capture is recorded; other threads running the same model at the same moment are ignored.
-    """
-
-    def __init__(self, query: torch.Tensor, key: torch.Tensor, norms: torch.Tensor) -> None:
-        self.owner = threading.get_ident()
-        self.query = query  # (L, H, N, d_k)
-        self.key = key  # (L, H, N, d_k)
-        self.norms = norms  # (L, N)
-        self.extras: dict[int, Any] = {}  # per layer: what an adapter needs after the pass (e.g. RoPE)
-        self.seen: set[tuple[str, int]] = set()
-
-    def mine(self) -> bool:
-        return threading.get_ident() == self.owner
-
-    def put_query(self, layer: int, q: torch.Tensor) -> None:
-        """``q``: (H, N, d_k) of the one image in the batch."""
-        if self.mine():
-            self.query[layer].copy_(q)  # copied out of the fused qkv buffer
-            self.seen.add(("q", layer))
-
-    def put_key(self, layer: int, k: torch.Tensor) -> None:
-        if self.mine():
-            self.key[layer].copy_(k)
-            self.seen.add(("k", layer))
-
-    def put_extra(self, layer: int, value: Any) -> None:
-        if self.mine():
-            self.extras[layer] = value
-
-    def put_tokens(self, layer: int, tokens: torch.Tensor) -> None:
-        """``tokens``: (N, D) residual stream after block ``layer``; keeps only each token's L2 norm."""
-        if self.mine():
-            self.norms[layer].copy_(tokens.norm(dim=-1))
-            self.seen.add(("x", layer))
+from ..errors import ModelError, RelevanceError
+from .tap import Recorder, Tap
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,16 +33,13 @@ class Adapter:
     def grid(self, size: int) -> tuple[int, int]:
         return (size // self.patch, size // self.patch)
 
-    def attach(self, layer: int, recorder: Recorder) -> list:
-        """Register the hooks that read layer ``layer``'s q and k; returns their handles."""
+    def attach(self, layer: int, tap: Tap) -> None:
+        """Install, once per network, the hooks that read layer ``layer``'s q and k (``tap.after``,
+        ``tap.before`` with ``Recorder.put_query`` / ``put_key`` / ``put_extra``)."""
         raise NotImplementedError
 
     def finish(self, recorder: Recorder) -> None:
         """Turn what the hooks read into the exact q, k (in place). Nothing to do for most families."""
-
-    def blocks_output(self, output: Any) -> torch.Tensor:
-        """A block's forward output → the (B, N, D) residual stream."""
-        return output[0] if isinstance(output, tuple) else output
 
     def forward(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """(1, 3, S, S) → (C,): logits for a classifier, pooled features otherwise."""
@@ -92,6 +48,15 @@ class Adapter:
     def forward_batch(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, S, S) → (B, C): what :meth:`forward` gives, for a batch (the lesson's removal test)."""
         return network(x)
+
+    def attention_forward(
+        self, network: torch.nn.Module, x: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(B, 3, S, S) → (logits, every layer's (B, H, N, N) attention weights), computed eagerly so the
+        weights stay in the autograd graph (class-specific relevance needs their gradient). Leaves
+        ``network`` unchanged. A family without an eager forward refuses here."""
+        raise RelevanceError(f"{type(network).__name__} is not a timm Vision Transformer; "
+                             "class-specific maps support plain timm ViTs only.")
 
 
 def check_square_size(name: str, patch: int, size: int, built: tuple[int, int] | None, dynamic: bool) -> None:

@@ -14,12 +14,17 @@ and class names from ``config.id2label``.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from ..errors import ModelError
-from .base import Adapter, Recorder, check_square_size
+from .base import Adapter, check_square_size
+from .registry import Family, register
+from .tap import Recorder, Tap
+
+PREFIX = "hf:"  # load_model("hf:<folder or repo id>")
 
 # architecture → (attention class, layer class, number of prefix tokens before the patches)
 ARCHITECTURES = {
@@ -49,17 +54,17 @@ def num_prefix_tokens(kind: str, config) -> int:
     return 1
 
 
+def split_heads(num_heads: int, head_dim: int, output: torch.Tensor) -> torch.Tensor:
+    """A projection's (1, N, H · d_k) output → (H, N, d_k) of the one image."""
+    return output[0].view(output.shape[1], num_heads, head_dim).transpose(0, 1)
+
+
 class HFAdapter(Adapter):
-    def attach(self, layer: int, recorder: Recorder) -> list:
-        attn, h, d = self.attentions[layer], self.num_heads, self.head_dim
-
-        def heads(out: torch.Tensor) -> torch.Tensor:
-            return out[0].view(out.shape[1], h, d).transpose(0, 1)  # (N, H · d_k) → (H, N, d_k)
-
-        return [
-            attn.q_proj.register_forward_hook(lambda _m, _i, out: recorder.put_query(layer, heads(out))),
-            attn.k_proj.register_forward_hook(lambda _m, _i, out: recorder.put_key(layer, heads(out))),
-        ]
+    def attach(self, layer: int, tap: Tap) -> None:
+        attn = self.attentions[layer]
+        heads = partial(split_heads, self.num_heads, self.head_dim)
+        tap.after(attn.q_proj, layer, Recorder.put_query, heads)
+        tap.after(attn.k_proj, layer, Recorder.put_key, heads)
 
     def forward_batch(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         import inspect
@@ -112,7 +117,7 @@ def resolve(spec: str) -> tuple[Path, str]:
     if folder.is_dir():
         return folder, f"Hugging Face folder {folder}"
     if folder.exists():
-        raise ModelError(f"hf:{spec} is a file; give the folder that holds config.json and model.safetensors.")
+        raise ModelError(f"{PREFIX}{spec} is a file; give the folder that holds config.json and model.safetensors.")
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -217,5 +222,8 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
     labels = None
     if "Classification" in arch:
         labels = tuple(str(config.id2label.get(i, f"class {i}")) for i in range(config.num_labels))
-    return dict(network=network, name=f"hf:{spec}", provenance=f"{origin} ({arch}; {note})", size=size,
+    return dict(network=network, name=f"{PREFIX}{spec}", provenance=f"{origin} ({arch}; {note})", size=size,
                 data_config=cfg, labels=labels)
+
+
+FAMILY = register(Family("Hugging Face", adapter, recognises=is_hf, prefix=PREFIX, load=load))

@@ -11,6 +11,7 @@ import torch
 from timm.models.vision_transformer_relpos import RelPosAttention
 
 from .base import Adapter
+from .registry import Family, register
 from .timm_vit import TimmAdapter, layout
 
 ATTENTION = (RelPosAttention,)
@@ -33,3 +34,6 @@ def logit_bias(network: torch.nn.Module) -> torch.Tensor | None:
 
 def adapter(network: torch.nn.Module, size: int) -> Adapter:
     return TimmAdapter(family="timm relative position", bias=logit_bias(network), **layout(network, size))
+
+
+FAMILY = register(Family("timm relative position", adapter, attention=ATTENTION))

@@ -19,21 +19,23 @@ from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 from timm.models.eva import EvaAttention
 
 from ..errors import ModelError
-from .base import Adapter, Recorder
+from .base import Adapter
+from .registry import Family, register
+from .tap import Recorder, Tap
 from .timm_vit import TimmAdapter, layout
 
 ATTENTION = (EvaAttention, AttentionRope)
 
 
-class TimmRopeAdapter(TimmAdapter):
-    def attach(self, layer: int, recorder: Recorder) -> list:
-        def keep_rope(_module, args, kwargs) -> None:
-            rope = kwargs.get("rope", args[1] if len(args) > 1 else None)
-            recorder.put_extra(layer, rope)
+def rope_argument(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The ``rope=`` table an attention module is called with (the block passes it in)."""
+    return kwargs.get("rope", args[1] if len(args) > 1 else None)
 
-        handles = super().attach(layer, recorder)
-        handles.append(self.attentions[layer].register_forward_pre_hook(keep_rope, with_kwargs=True))
-        return handles
+
+class TimmRopeAdapter(TimmAdapter):
+    def attach(self, layer: int, tap: Tap) -> None:
+        super().attach(layer, tap)
+        tap.before(self.attentions[layer], layer, Recorder.put_extra, rope_argument)
 
     def finish(self, recorder: Recorder) -> None:
         for layer, attn in enumerate(self.attentions):
@@ -53,3 +55,6 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
                 f"{type(network).__name__} uses grouped-query attention, which attnviz cannot read exactly yet."
             )
     return TimmRopeAdapter(family="timm RoPE", **layout(network, size))
+
+
+FAMILY = register(Family("timm RoPE", adapter, attention=ATTENTION))

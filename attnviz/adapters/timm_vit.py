@@ -3,24 +3,33 @@
 ``Attention.forward`` computes q, k = q_norm(q), k_norm(k) on both its fused (SDPA) and eager paths
 and then softmax(q · kᵀ · scale) with no mask in a ViT's forward. So the outputs of ``q_norm`` and
 ``k_norm`` (``Identity`` in a plain ViT) are exactly the logits' q and k.
+
+For class-specific relevance, :func:`eager_block` is ``Block.forward`` in eager arithmetic: it runs the
+block's own modules and returns the attention weights inside the autograd graph.
 """
 from __future__ import annotations
 
 import torch
 from timm.layers import Attention
+from timm.models.vision_transformer import Block
 
-from .base import Adapter, Recorder, check_square_size
+from ..errors import ModelError, RelevanceError
+from .base import Adapter, check_square_size
+from .registry import Family, register
+from .tap import Recorder, Tap
 
 ATTENTION = (Attention,)
 
 
 def layout(network: torch.nn.Module, size: int) -> dict:
     """The token layout and shapes every timm ViT family shares (timm's own attribute names)."""
+    if type(network).__name__ == "NaFlexVit":  # variable-size patch sequences, masked attention
+        raise ModelError(
+            "NaFlexViT masks its attention over padded patches, which attnviz cannot reproduce exactly yet."
+        )
     embed = network.patch_embed
     patch = embed.patch_size[0] if isinstance(embed.patch_size, (tuple, list)) else int(embed.patch_size)
     if isinstance(embed.patch_size, (tuple, list)) and embed.patch_size[0] != embed.patch_size[1]:
-        from ..errors import ModelError
-
         raise ModelError(f"{type(network).__name__} has non-square {embed.patch_size} patches, which attnviz cannot lay on a grid.")
     built = tuple(embed.img_size) if getattr(embed, "img_size", None) is not None else None
     dynamic = bool(getattr(network, "dynamic_img_size", False))
@@ -39,16 +48,60 @@ def layout(network: torch.nn.Module, size: int) -> dict:
     )
 
 
+def eager_block(block: Block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's ``Block.forward`` in eager arithmetic; returns the block output and its (B, H, N, N) attention."""
+    attn = block.attn
+    h = block.norm1(x)
+    b, n, _ = h.shape
+    gate = attn.gate(h).sigmoid() if getattr(attn, "gate", None) is not None else None
+    qkv = attn.qkv(h).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # each (B, H, N, d_k)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    weights = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
+    out = (weights @ v).transpose(1, 2).reshape(b, n, attn.attn_dim)  # (B, N, H · d_k)
+    out = attn.norm(out)
+    if gate is not None:
+        out = out * gate
+    x = x + block.ls1(attn.proj(out))
+    x = x + block.ls2(block.mlp(block.norm2(x)))
+    return x, weights
+
+
 class TimmAdapter(Adapter):
     """Reads q and k at each attention's ``q_norm`` / ``k_norm``."""
 
-    def attach(self, layer: int, recorder: Recorder) -> list:
+    def attach(self, layer: int, tap: Tap) -> None:
         attn = self.attentions[layer]
-        return [
-            attn.q_norm.register_forward_hook(lambda _m, _i, out: recorder.put_query(layer, out[0])),
-            attn.k_norm.register_forward_hook(lambda _m, _i, out: recorder.put_key(layer, out[0])),
-        ]
+        tap.after(attn.q_norm, layer, Recorder.put_query)
+        tap.after(attn.k_norm, layer, Recorder.put_key)
+
+    def attention_forward(
+        self, network: torch.nn.Module, x: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """timm's ``VisionTransformer.forward`` (eval mode) through :func:`eager_block`."""
+        for block in self.blocks:
+            # Only timm's exact Block / Attention computation is written out in eager_block. RoPE and
+            # relative-position blocks are captured exactly, but their gradients would need their own
+            # eager forward: refused, not approximated.
+            if type(block).forward is not Block.forward or type(block.attn).forward is not Attention.forward:
+                raise RelevanceError(
+                    f"{type(block).__name__} blocks are not timm's standard ViT block; "
+                    "class-specific maps support plain timm Vision Transformers only."
+                )
+        x = network.patch_embed(x)
+        x = network._pos_embed(x)
+        x = network.patch_drop(x)
+        x = network.norm_pre(x)  # (B, N, D)
+        attentions = []
+        for block in self.blocks:
+            x, weights = eager_block(block, x)
+            attentions.append(weights)
+        x = network.norm(x)
+        return network.forward_head(x), attentions
 
 
 def adapter(network: torch.nn.Module, size: int) -> Adapter:
     return TimmAdapter(family="timm ViT", **layout(network, size))
+
+
+FAMILY = register(Family("timm ViT", adapter, attention=ATTENTION))

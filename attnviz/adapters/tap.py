@@ -1,0 +1,116 @@
+"""The hooks attnviz keeps on a network (:class:`Tap`) and the capture they write into (:class:`Recorder`).
+
+The hooks are installed once, when a network is wrapped (:func:`attnviz.wrap`), and stay: every forward
+pass of that network calls them, at the cost of a few Python calls per layer. The model object is shared
+by every browser session, so a hook writes only into the capture running on its own thread (the Tap's
+``threading.local``, one per network); on any other thread, or while no capture runs, it does nothing.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import torch
+
+Put = Callable[["Recorder", int, Any], None]  # e.g. Recorder.put_query: (recorder, layer, value)
+
+
+class Recorder:
+    """One capture's store: what the hooks read during its forward pass."""
+
+    def __init__(self, query: torch.Tensor, key: torch.Tensor, norms: torch.Tensor) -> None:
+        self.query = query  # (L, H, N, d_k)
+        self.key = key  # (L, H, N, d_k)
+        self.norms = norms  # (L, N)
+        self.extras: dict[int, Any] = {}  # per layer: what an adapter needs after the pass (e.g. RoPE)
+        self.seen: set[tuple[str, int]] = set()
+
+    def put_query(self, layer: int, q: torch.Tensor) -> None:
+        """``q``: (H, N, d_k) of the one image in the batch."""
+        self.query[layer].copy_(q)  # copied out of the fused qkv buffer
+        self.seen.add(("q", layer))
+
+    def put_key(self, layer: int, k: torch.Tensor) -> None:
+        self.key[layer].copy_(k)
+        self.seen.add(("k", layer))
+
+    def put_extra(self, layer: int, value: Any) -> None:
+        self.extras[layer] = value
+
+    def put_tokens(self, layer: int, tokens: torch.Tensor) -> None:
+        """``tokens``: (N, D) residual stream after block ``layer``; keeps only each token's L2 norm."""
+        self.norms[layer].copy_(tokens.norm(dim=-1))
+        self.seen.add(("x", layer))
+
+
+def first(output: torch.Tensor) -> torch.Tensor:
+    """A module's (1, ...) output → that of the one image in the batch."""
+    return output[0]
+
+
+def residual(output: Any) -> torch.Tensor:
+    """A block's output → the (N, D) residual stream of the one image (some blocks return a tuple)."""
+    return (output[0] if isinstance(output, tuple) else output)[0]
+
+
+class Tap:
+    """The hooks on one network, and which capture, if any, each thread is recording.
+
+    Each hook is a ``partial`` of a bound method of this object, not a closure: ``copy.deepcopy(network)``
+    then gives the copy hooks that write into the copy's own Tap, and a wrapped network still pickles.
+    """
+
+    def __init__(self, modules: tuple[torch.nn.Module, ...]) -> None:
+        self.modules = modules  # what the hooks were installed for: attentions, then blocks
+        self.handles: list = []
+        self._local = threading.local()
+
+    def after(self, module: torch.nn.Module, layer: int, put: Put, read: Callable = first) -> None:
+        """Once ``module`` has run: ``put(recorder, layer, read(output))``."""
+        self.handles.append(module.register_forward_hook(partial(self._after, put, layer, read)))
+
+    def before(self, module: torch.nn.Module, layer: int, put: Put, read: Callable) -> None:
+        """When ``module`` is called: ``put(recorder, layer, read(args, kwargs))``."""
+        hook = partial(self._before, put, layer, read)
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    @property
+    def current(self) -> Recorder | None:
+        """The recorder of the capture running on this thread, or None."""
+        return getattr(self._local, "recorder", None)
+
+    @contextmanager
+    def recording(self, recorder: Recorder) -> Iterator[None]:
+        """Inside the block, this thread's forward passes of the network write into ``recorder``."""
+        self._local.recorder = recorder
+        try:
+            yield
+        finally:
+            self._local.recorder = None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _after(self, put: Put, layer: int, read: Callable, _module, _inputs, output) -> None:
+        recorder = self.current
+        if recorder is not None:
+            put(recorder, layer, read(output))
+
+    def _before(self, put: Put, layer: int, read: Callable, _module, args, kwargs) -> None:
+        recorder = self.current
+        if recorder is not None:
+            put(recorder, layer, read(args, kwargs))
+        # returns None: the module runs on its arguments unchanged
+
+    # A copy (deepcopy, pickle) starts with no capture running on any thread.
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()

@@ -1,0 +1,173 @@
+"""Streamlit wiring for a classroom: the presenter view, phones, and the box students join from.
+
+Only layout lives here (CSS, a few lines of browser script, the join box); every number still comes
+from :mod:`attnviz`. The script is plain DOM work that Streamlit cannot do from Python: scrolling a
+new heatmap into view and closing the phone sidebar after a page link.
+"""
+from __future__ import annotations
+
+import io
+import os
+
+import streamlit as st
+
+from .text import t
+
+PRESENT_KEY = "present"  # session key of the toggle and name of the URL parameter (?present=1)
+NARROW_BELOW = 768  # px: Streamlit's own breakpoint for the overlaying sidebar
+
+
+def presenting() -> bool:
+    """Sidebar toggle "Presenter view", kept in step with the URL parameter ``?present=1`` so the
+    teacher can bookmark it or open it straight on the projector."""
+    wanted = st.query_params.get(PRESENT_KEY) == "1"
+    if st.session_state.get("_present_url") != wanted:  # the URL changed (or first run): it decides
+        st.session_state[PRESENT_KEY] = wanted
+        st.session_state["_present_url"] = wanted
+    on = st.sidebar.toggle(t("classroom.present"), key=PRESENT_KEY, help=t("classroom.present_help"))
+    if on != wanted:
+        if on:
+            st.query_params[PRESENT_KEY] = "1"
+        else:
+            st.query_params.pop(PRESENT_KEY, None)
+        st.session_state["_present_url"] = on
+    return on
+
+
+def leave_presenting() -> None:
+    """Button callback: back to the ordinary page (the sidebar is hidden while presenting)."""
+    st.session_state[PRESENT_KEY] = False
+    st.session_state["_present_url"] = False
+    st.query_params.pop(PRESENT_KEY, None)
+
+
+def narrow() -> bool:
+    """A phone, by its browser's own word ("Mobi" in the User-Agent, as Mozilla recommends): the server
+    draws clickable charts to fit a 358 px column. CSS below keeps everything else inside the screen."""
+    try:
+        return "Mobi" in (st.context.headers.get("User-Agent") or "")
+    except Exception:  # no browser (AppTest): a desktop
+        return False
+
+
+# Phones: pictures and charts never wider than their column, and touch targets ≥ 40 px.
+# Presenter view: no chrome, a projector-sized type scale (labels and numbers ≥ 20 px).
+BASE_CSS = """
+[data-testid="stImage"] img, [data-testid="stImageContainer"], [data-testid="stImageCaption"] {
+  max-width: 100%; height: auto; }
+.katex-display { overflow-x: auto; overflow-y: hidden; }
+[data-testid="stVegaLiteChart"], [data-testid="stDataFrame"], .stKatex, [data-testid="stMarkdownContainer"] {
+  max-width: 100%; overflow-x: auto; }
+@media (max-width: 640px) {
+  .block-container { padding-left: 1rem; padding-right: 1rem; }
+  button, [data-testid="stSelectbox"] [role="group"], [data-testid="stFileUploaderDropzone"] button,
+  [data-testid="stSidebarNavLink"] { min-height: 40px; }
+  [data-testid="stRadio"] label { min-height: 40px; align-items: center; }
+  [data-testid="stSlider"] [role="slider"] { width: 28px; height: 28px; }
+  [data-testid="stSlider"] [role="slider"]::before { content: ""; position: absolute; inset: -8px; }
+  [data-testid="stTabs"] button[role="tab"] { min-height: 40px; }
+}
+"""
+PRESENT_CSS = """
+[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stHeader"],
+[data-testid="stToolbar"], [data-testid="stDecoration"], [data-testid="stExpandSidebarButton"] {
+  display: none !important; }
+.block-container { padding: 0.75rem 1.25rem 1rem 1.25rem !important; max-width: 100% !important; }
+[data-testid="stWidgetLabel"] p, [data-testid="stWidgetLabel"] label { font-size: 22px !important; }
+[data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] p { font-size: 20px !important; }
+[data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li { font-size: 20px; }
+[data-testid="stSelectbox"] input, [data-testid="stSliderThumbValue"], [data-testid="stSliderTickBar"] div,
+[data-testid="stRadio"] label p, button p { font-size: 20px !important; }
+[data-testid="stHeadingWithActionElements"] h3 { font-size: 28px; padding-top: 0; }
+[data-testid="stImage"] img { max-height: calc(100vh - 150px); width: auto; }
+[data-testid="stImageCaption"] { font-size: 20px !important; }
+.st-key-join { border: 2px solid #888; border-radius: 0.5rem; padding: 0.5rem 0.75rem; }
+.st-key-join code { font-size: 22px; }
+"""
+
+# Runs once per browser tab (guarded): close the overlaying sidebar after a page link on a phone.
+BEHAVIOUR_JS = """
+<script>
+(() => {
+  if (window.__attnvizClassroom) return;
+  window.__attnvizClassroom = true;
+  const doc = window.document;
+  doc.addEventListener("click", (event) => {
+    const link = event.target.closest('[data-testid="stSidebar"] a');
+    if (!link || window.innerWidth >= %(narrow)d) return;
+    // the collapse button exists only while the sidebar is open; the new page may redraw it once
+    for (const wait of [100, 400, 1000]) setTimeout(() => {
+      const close = doc.querySelector('[data-testid="stSidebarCollapseButton"] button');
+      if (close) close.click();
+    }, wait);
+  }, true);
+})();
+</script>
+"""
+
+# Emitted only when a new photo or view arrives: scroll the first large picture of the result into view
+# (as little as needed; on a phone this brings the heatmap up under the Layer and Head controls).
+SCROLL_JS = """
+<script>
+(() => {
+  const started = Date.now();
+  const timer = setInterval(() => {
+    if (Date.now() - started > 20000) return clearInterval(timer);
+    // after the run: Streamlit then has removed the previous view's pictures
+    if (Date.now() - started < 300 || document.querySelector('[data-testid="stStatusWidget"]')) return;
+    const box = document.querySelector(".st-key-result");
+    const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")] : [];
+    const sized = pictures.filter((p) => !p.closest('[data-stale="true"]'))
+      .map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
+    if (!sized.length || sized.some(([p]) => p.complete === false)) return;
+    clearInterval(timer);
+    const [picture] = sized.sort((a, b) => b[1] - a[1])[0];
+    picture.scrollIntoView({block: "nearest", behavior: "instant"});
+  }, 100);
+})(/* %(token)s */);
+</script>
+"""
+
+
+def chrome(present: bool) -> None:
+    """The page's CSS and browser behaviour; call once per run, before anything is drawn in the main area."""
+    css = BASE_CSS + (PRESENT_CSS if present else "")
+    st.html(f"<style>{css}</style>")
+    st.html(BEHAVIOUR_JS % {"narrow": NARROW_BELOW}, unsafe_allow_javascript=True)
+
+
+def bring_into_view(token: str) -> None:
+    """Scroll the result into view when ``token`` (photo digest and view) differs from this session's last."""
+    if st.session_state.get("_scrolled_for") == token:
+        return
+    st.session_state["_scrolled_for"] = token
+    st.html(SCROLL_JS % {"token": token.replace("*/", "")}, unsafe_allow_javascript=True)
+
+
+def join_url() -> str:
+    """The address students type or scan: ``$ATTNVIZ_JOIN_URL`` (e.g. a proxy's name) or this server's
+    address on the room's network."""
+    configured = os.environ.get("ATTNVIZ_JOIN_URL")
+    if configured:
+        return configured
+    from streamlit import net_util
+
+    host = net_util.get_internal_ip() or "localhost"
+    return f"http://{host}:{st.get_option('server.port')}"
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def qr_png(url: str) -> bytes:
+    import segno
+
+    buffer = io.BytesIO()
+    segno.make(url, error="m").save(buffer, kind="png", scale=6, border=2)
+    return buffer.getvalue()
+
+
+def join_box() -> None:
+    """The address of this page on the room's network and its QR code, for students' phones."""
+    url = join_url()
+    with st.container(key="join"):
+        st.markdown(t("classroom.join", url=url))
+        st.image(qr_png(url), width=120)

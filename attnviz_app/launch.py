@@ -1,0 +1,124 @@
+"""``attnviz app`` (and ``make run``): get the model ready, then start Streamlit in this same process.
+
+A plain ``streamlit run app.py`` answers at once but imports torch, torchvision and timm and loads the
+model on the first visit: the first student waited ~8 s. Here the server starts only once the imports
+are done, the default model is in the page's cache and one capture has run (PyTorch sets up its kernels
+on the first forward pass), so "You can now view your Streamlit app" means ready.
+
+    attnviz app [streamlit options …]       # e.g. attnviz app --server.port 8600
+
+The app's own Streamlit settings (``config.toml`` beside this file: upload limit, theme, no usage
+statistics) are passed as options, so the page is the same from any folder; an option given on the
+command line wins.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+SCRIPT = Path(__file__).with_name("streamlit_app.py")
+CONFIG = Path(__file__).with_name("config.toml")
+M_ARENA_MAX = -8  # glibc mallopt parameter
+
+
+def tune_for_a_class() -> None:
+    """Many sessions at once on few cores: one intra-op thread per forward pass, and few malloc arenas.
+
+    With PyTorch's default of one OpenMP thread per core, every session's forward pass brought its own
+    team of threads; thirty at once on two cores spent most of their CPU waiting on each other (0.85 s of
+    CPU per capture on a busy 2-core machine against 0.14 s with one thread). Sessions still run side by
+    side, on Streamlit's threads. glibc gives every thread its own heap arena and returns little of it:
+    two arenas keep the server's memory near what it holds. ``ATTNVIZ_THREADS=n`` overrides the first.
+    """
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("ATTNVIZ_THREADS", "1")))
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 2)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
+        pass
+
+
+def warm() -> None:
+    """Import what the pages import, load the default model into the page's cache, capture once."""
+    start = time.perf_counter()
+    import attnviz
+
+    from . import classroom, ui, views  # noqa: F401  (streamlit, altair, pandas, matplotlib)
+    from .settings import Settings
+
+    # The page's own caches (st.cache_resource works before the server starts, and it is the same cache):
+    # the first visitor's run, with the sidebar's defaults and the first sample photo, then only reads them.
+    settings = Settings(None, ui.DEFAULT_SIZES[0], None, "cpu", "crop")
+    sample = attnviz.photos.SAMPLES[0]
+    name, data = f"{sample}.jpg", attnviz.photos.sample(sample).read_bytes()
+    model = ui.cached_model(*settings.key)
+    photo_digest = ui.digest(data)
+    checked = ui.checked_image(photo_digest, attnviz.photos.decode_side(model), name, _data=data, _model=model)
+    ui.cached_capture((*settings.key, model.size), photo_digest, settings.fit, _model=model, _image=checked)
+    print(f"attnviz: model ready in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def options(args: list[str]) -> list[str]:
+    """``args`` after the app's own settings as ``--section.name value`` options, less those ``args`` sets."""
+    given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    config = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
+    defaults = []
+    for section, values in config.items():
+        for name, value in values.items():
+            flag = f"--{section}.{name}"
+            if flag not in given:
+                defaults += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+    return [*defaults, *args]
+
+
+def housekeeping(first_after_s: float = 5.0, every_s: float = 10.0) -> None:
+    """A daemon thread for a long-running class server.
+
+    Once the server is up, its own objects (Streamlit, Starlette, the imports of the first runs) are moved
+    out of the garbage collector's sight like the model's were (``gc.freeze``): the full collection
+    Streamlit runs after every script run then walks only what sessions create. Every ``every_s`` the
+    memory freed by finished forward passes is handed back to the system (``malloc_trim``), so the
+    server's resident size follows what it holds rather than its peak during a rush of uploads.
+    """
+    import gc
+    import threading
+
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        trim = None
+
+    def run() -> None:
+        time.sleep(first_after_s)
+        gc.freeze()
+        while trim is not None:
+            trim(0)
+            time.sleep(every_s)
+
+    threading.Thread(target=run, name="attnviz-housekeeping", daemon=True).start()
+
+
+def main(args: list[str] | None = None) -> int:
+    """Serve the app: ``args`` are Streamlit's own options (``--server.port 8600``)."""
+    args = list(sys.argv[1:] if args is None else args)
+    print("attnviz: loading PyTorch and the model …", flush=True)
+    tune_for_a_class()
+    warm()
+    from streamlit.web import cli
+
+    sys.argv = ["streamlit", "run", str(SCRIPT), *options(args)]
+    housekeeping()
+    try:
+        cli.main()
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

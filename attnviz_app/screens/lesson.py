@@ -1,0 +1,424 @@
+"""Classroom mode: how attention works, step by step, with live numbers from the current photo and model.
+
+Every number is computed by :mod:`attnviz.lesson`; this page only lays out widgets, formulas and pictures.
+"""
+from __future__ import annotations
+
+import math
+
+import streamlit as st
+
+from attnviz_app import startup
+
+with startup.importing():
+    import altair as alt
+    import numpy as np
+    import pandas as pd
+    from PIL import Image, ImageDraw, ImageFont
+
+    from attnviz_app import classroom, heavy, ui
+    from attnviz import Capture, Model, lesson, render
+    from attnviz_app.text import t
+
+CMAP = "inferno"
+QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
+DISPLAY_PX = 392
+
+
+# --- Small drawing helpers (pictures only; every number comes from attnviz.lesson) -------------
+
+def matrix_picture(matrix: np.ndarray, cell: int) -> Image.Image:
+    """A matrix as coloured cells, ``cell`` pixels each (dark = small, bright = large)."""
+    rgb = render.colorize(render.normalise(np.asarray(matrix, dtype=np.float32)), "viridis")
+    picture = Image.fromarray(rgb)
+    return picture.resize((picture.width * cell, picture.height * cell), Image.Resampling.NEAREST)
+
+
+def remembered_choice(widget, label: str, options: list, key: str, format_func, **kwargs):
+    """A radio / selectbox whose translated labels survive a language switch.
+
+    The widget's key carries the language, so a switch makes a fresh widget with the new labels (a kept
+    widget would keep the old ones and can come back empty); the choice itself is remembered under a
+    language-free key and becomes the new widget's starting value.
+    """
+    memory = f"{key}.choice"
+    previous = st.session_state.get(memory)
+    index = options.index(previous) if previous in options else 0
+    lang = st.session_state.get("lang", "en")
+    if widget.__name__ == "selectbox":  # Streamlit's own "Choose an option", in the reader's language
+        kwargs.setdefault("placeholder", t("classroom.choose"))
+    value = widget(label, options, index=index, key=f"{key}.{lang}", format_func=format_func, **kwargs)
+    st.session_state[memory] = value
+    return value
+
+
+def pair_squares(sizes: list[tuple[str, int]], side: int = 360) -> Image.Image:
+    """Nested N × N squares drawn to scale: each one's area is one head's number of query–key pairs."""
+    picture = Image.new("RGB", (side, side), "white")
+    draw = ImageDraw.Draw(picture)
+    font = ImageFont.load_default(size=13)
+    largest = max(n for _, n in sizes)
+    palette = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
+    for (label, n), colour in sorted(zip(sizes, palette), key=lambda s: -s[0][1]):
+        edge = max(2, round((side - 1) * n / largest))
+        light = tuple(int(c + (255 - c) * 0.75) for c in colour)
+        draw.rectangle([0, side - edge, edge - 1, side - 1], fill=light, outline=colour, width=2)
+        draw.text((4, side - edge + 3), f"{label}: N = {n}", fill=colour, font=font)  # ASCII: any font
+    return picture
+
+
+def plain(x: float) -> str:
+    """A probability written out without exponents, with enough decimals to show it is not 0 or 1."""
+    if 0.01 <= x <= 0.99 or x in (0.0, 1.0):
+        return f"{x:.2f}"
+    if x > 0.99:
+        return f"{x:.{max(2, math.ceil(-math.log10(1 - x)))}f}"
+    return f"{x:.{math.ceil(-math.log10(x)) + 1}f}"
+
+
+def num(x: float, digits: int = 2) -> str:
+    """Fixed decimals, or three significant digits once a number is too long to read (e^50 …)."""
+    return f"{x:.3g}" if abs(x) >= 1e5 else f"{x:.{digits}f}"
+
+
+def vector(v: np.ndarray, digits: int = 2) -> str:
+    return "[" + ", ".join(num(x, digits) for x in v) + "]"
+
+
+def short(v: np.ndarray) -> str:
+    """A hand-typed vector as typed: [1, 0], [0.5, -2]."""
+    return "[" + ", ".join(f"{x:g}" for x in v) + "]"
+
+
+def bars(values: np.ndarray, labels: list[str], title: str, domain=(0, 1)) -> alt.Chart:
+    table = pd.DataFrame({"token": labels, "weight": values, "text": [plain(v) for v in values]})
+    base = alt.Chart(table).encode(
+        x=alt.X("token:N", sort=None, title=None, axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("weight:Q", scale=alt.Scale(domain=list(domain)), title=title),
+    )
+    return (base.mark_bar() + base.mark_text(dy=-8).encode(text="text:N")).properties(height=220)
+
+
+# --- The steps ---------------------------------------------------------------------------------
+
+def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
+    s = lesson.shapes(model)
+    h, w = s.grid
+    st.markdown(t("lesson.qkv.intro"))
+    st.latex(
+        rf"\underbrace{{Q}}_{{{s.tokens}\times{s.head_dim}}} = \underbrace{{X}}_{{{s.tokens}\times{s.embed_dim}}}"
+        rf"\,\underbrace{{W_Q}}_{{{s.embed_dim}\times{s.head_dim}}},\quad K = X W_K,\quad V = X W_V"
+    )
+    st.markdown(t(
+        "lesson.qkv.numbers", n=s.tokens, prefix=s.prefix_tokens, h=h, w=w, d=s.embed_dim, heads=s.heads,
+        dk=s.head_dim, layers=s.layers, rows=s.qkv_weight[0], cols=s.qkv_weight[1], patch=s.patch,
+    ))
+    q = cap.query[layer, head].cpu().numpy()  # (N, d_k)
+    k = cap.key[layer, head].cpu().numpy()  # (N, d_k)
+    weights = cap.weights(layer, head)  # (N, N)
+    cell = max(1, 200 // s.tokens)
+    left, mid, right = st.columns([1, 2, 2])
+    left.image(matrix_picture(q, cell), caption=t("lesson.qkv.q_picture", n=s.tokens, dk=s.head_dim))
+    mid.image(matrix_picture(k.T, cell), caption=t("lesson.qkv.k_picture", n=s.tokens, dk=s.head_dim))
+    right.image(matrix_picture(weights, cell), caption=t("lesson.qkv.a_picture", n=s.tokens))
+    st.markdown(t("lesson.qkv.table", layer=layer + 1, head=head + 1))
+    shown = min(4, s.tokens)
+    names = [t("lesson.cls_token") if i < s.prefix_tokens else t("lesson.patch_token", n=i) for i in range(shown)]
+    dims = [f"{i + 1}" for i in range(6)]
+    cols = st.columns(2)
+    cols[0].dataframe(pd.DataFrame(q[:shown, :6], index=names, columns=dims).style.format("{:.3f}"))
+    cols[0].caption(t("lesson.qkv.q_rows", dk=s.head_dim))
+    cols[1].dataframe(pd.DataFrame(k[:shown, :6], index=names, columns=dims).style.format("{:.3f}"))
+    cols[1].caption(t("lesson.qkv.k_rows", dk=s.head_dim))
+
+
+def step_by_hand() -> None:
+    st.markdown(t("lesson.hand.intro"))
+    default_keys = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))
+    cols = st.columns(4)
+    cols[0].markdown(f"**{t('lesson.hand.query')}**")
+    q = [cols[0].number_input(f"q₁ [{d + 1}]", -10.0, 10.0, (1.0, 0.0)[d], 0.5, key=f"ex_q{d}") for d in range(2)]
+    keys = []
+    for j in range(3):
+        cols[j + 1].markdown(f"**{t('lesson.hand.key', j='₁₂₃'[j])}**")
+        keys.append([
+            cols[j + 1].number_input(f"k{'₁₂₃'[j]} [{d + 1}]", -10.0, 10.0, default_keys[j][d], 0.5, key=f"ex_k{j}{d}")
+            for d in range(2)
+        ])
+    same = st.toggle(t("lesson.hand.values_are_keys"), value=True, key="ex_same")
+    values = None
+    if not same:
+        vcols = st.columns(4)
+        vcols[0].markdown(f"**{t('lesson.hand.values')}**")
+        values = [
+            [vcols[j + 1].number_input(f"v{'₁₂₃'[j]} [{d + 1}]", -10.0, 10.0, default_keys[j][d], 0.5,
+                                       key=f"ex_v{j}{d}") for d in range(2)]
+            for j in range(3)
+        ]
+    ex = lesson.worked_example(q, keys, values)
+
+    sub = "₁₂₃"
+    table = [
+        f"| {t('lesson.hand.token')} | k | v | q·k | q·k / √2 | e^(q·k / √2) | {t('lesson.hand.weight')} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for j in range(3):
+        table.append(
+            f"| {j + 1} | {short(ex.keys[j])} | {short(ex.values[j])} | {ex.scores[j]:.2f} | {ex.scaled[j]:.3f} "
+            f"| {num(ex.exps[j])} | {ex.weights[j]:.2f} |"
+        )
+    table.append(f"| Σ | | | | | {num(ex.exp_sum)} | {ex.weights.sum():.2f} |")
+    left, right = st.columns([3, 2], gap="large")
+    left.markdown("\n".join(table))
+    right.altair_chart(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight")), width="stretch")
+    right.caption(t("lesson.hand.chart_caption"))
+
+    dots = " ".join(
+        rf"q\cdot k_{j + 1} &= " + " + ".join(f"({a:g})({b:g})" for a, b in zip(ex.query, ex.keys[j]))
+        + rf" = {ex.scores[j]:.2f} \\" for j in range(3)
+    )
+    st.latex(r"\begin{aligned}" + dots + r"\end{aligned}")
+    st.latex(rf"\frac{{q\cdot k_j}}{{\sqrt{{d_k}}}} = \frac{{q\cdot k_j}}{{\sqrt{{2}}}} = {vector(ex.scaled, 3)}")
+    st.latex(rf"e^{{q\cdot k_j/\sqrt{{2}}}} = {vector(ex.exps)},\qquad \Sigma = {num(ex.exp_sum)}")
+    st.latex(rf"w_j = \frac{{e^{{q\cdot k_j/\sqrt{{2}}}}}}{{\Sigma}} = {vector(ex.weights)}")
+    terms = " + ".join(f"{ex.weights[j]:.2f}\\,{short(ex.values[j])}" for j in range(3))
+    st.latex(rf"o = \sum_j w_j\, v_j = {terms} = {vector(ex.output)}")
+    st.success(t("lesson.hand.output", output=vector(ex.output)))
+
+
+def step_scale() -> None:
+    st.markdown(t("lesson.scale.intro"))
+    st.latex(r"\text{softmax}(s)_j = \frac{e^{s_j}}{\sum_m e^{s_m}}")
+    labels = ["s₁", "s₂", "s₃"]
+    left, right = st.columns(2)
+    for col, scores in ((left, (2.0, 1.0, 0.0)), (right, (20.0, 10.0, 0.0))):
+        weights = lesson.softmax(scores)
+        col.altair_chart(bars(weights, labels, t("lesson.hand.weight")), width="stretch")
+        col.markdown(t("lesson.scale.result", scores=vector(np.array(scores), 0),
+                       weights="[" + ", ".join(plain(v) for v in weights) + "]"))
+    st.markdown(t("lesson.scale.slider_intro"))
+    divisor = st.slider(t("lesson.scale.divisor"), 1.0, 20.0, 1.0, 0.5, key="scale_divisor")
+    scores = np.array([20.0, 10.0, 0.0])
+    weights = lesson.softmax(scores, 1 / divisor)
+    left, right = st.columns([2, 3])
+    left.altair_chart(bars(weights, labels, t("lesson.hand.weight")), width="stretch")
+    right.latex(rf"\text{{softmax}}\left(\frac{{[20, 10, 0]}}{{{divisor:g}}}\right) = "
+                + "[" + ", ".join(plain(v) for v in weights) + "]")
+    right.markdown(t("lesson.scale.slider_note"))
+
+    st.subheader(t("lesson.scale.experiment"))
+    st.markdown(t("lesson.scale.experiment_intro"))
+    d_k = st.select_slider("d_k", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], value=64, key="scale_dk")
+    sample = lesson.dot_products(d_k, samples=4000, seed=0)
+    # One x axis for both histograms, so the narrowing is seen, not only read.
+    reach = float(np.abs(sample.dots).max())
+    edges = np.linspace(-reach, reach, 101)
+    left, right = st.columns(2)
+    for col, data, title, var, expected in (
+        (left, sample.dots, "q·k", sample.dots_var, d_k),
+        (right, sample.scaled, "q·k / √d_k", sample.scaled_var, 1),
+    ):
+        counts, _ = np.histogram(data, bins=edges)
+        table = pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts})
+        chart = alt.Chart(table).mark_rect().encode(
+            x=alt.X("lo:Q", title=title, scale=alt.Scale(domain=[-reach, reach])), x2="hi:Q",
+            y=alt.Y("count:Q", title=t("lesson.scale.count")), y2=alt.datum(0),
+        ).properties(height=220)
+        col.altair_chart(chart, width="stretch")
+        col.markdown(t("lesson.scale.variance", what=title, var=var, expected=expected, std=math.sqrt(var)))
+    st.info(t("lesson.scale.conclusion", dk=d_k, root=math.sqrt(d_k)))
+
+
+def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: int) -> None:
+    h, w = cap.grid
+    st.markdown(t("lesson.pair.intro"))
+    controls = st.columns(3)
+    kind = remembered_choice(
+        controls[0].radio, t("lesson.pair.query"), ["cls", "patch"], horizontal=True, key="pair_kind",
+        format_func=lambda k: t("lesson.cls_token") if k == "cls" else t("lesson.pair.a_patch"),
+    )
+    q_row = q_col = None
+    if kind == "patch":
+        q_row = controls[0].slider(t("lesson.pair.q_row"), 1, h, h // 2, key="pair_q_row") - 1
+        q_col = controls[0].slider(t("lesson.pair.q_col"), 1, w, w // 2, key="pair_q_col") - 1
+    k_row = controls[1].slider(t("lesson.pair.k_row"), 1, h, h // 2 + 1, key="pair_k_row") - 1
+    k_col = controls[1].slider(t("lesson.pair.k_col"), 1, w, w // 2 + 1, key="pair_k_col") - 1
+    query = 0 if kind == "cls" else lesson.token_index(cap, q_row, q_col)
+    key = lesson.token_index(cap, k_row, k_col)
+    controls[2].markdown(t("lesson.pair.tokens", q=query, k=key, layer=layer + 1, head=head + 1))
+
+    pair = lesson.pair_score(cap, layer, head, query, key)
+    row_map = cap.query_map(layer, head, query)  # (h, w): the heatmap of this query's row
+    cell = float(cap.weights(layer, head)[query, key])
+
+    left, right = st.columns(2, gap="large")
+    marks = [(k_row, k_col, KEY_COLOUR)] + ([] if q_row is None else [(q_row, q_col, QUERY_COLOUR)])
+    left.image(render.outline(render.enlarge(view, DISPLAY_PX), cap.grid, marks), caption=t("lesson.pair.photo_caption"), width=DISPLAY_PX)
+    heat = render.enlarge(render.overlay(view, row_map, alpha=0.75, cmap=CMAP), DISPLAY_PX)
+    right.image(render.outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1),
+                width=DISPLAY_PX)
+
+    st.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.query.shape[-1]}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
+    st.latex(rf"s_{{ij}} = \frac{{q_i\cdot k_j}}{{\sqrt{{d_k}}}} = {pair.dot:.4f} \times {pair.scale:g} = {pair.scaled:.4f}")
+    st.latex(
+        rf"a_{{ij}} = \frac{{e^{{s_{{ij}}}}}}{{\sum_{{m=1}}^{{{cap.num_tokens}}} e^{{s_{{im}}}}}}"
+        rf" = \frac{{{pair.exp:.5g}}}{{{pair.exp_sum:.5g}}} = {pair.weight:.6g}"
+    )
+    st.success(t("lesson.pair.equal", weight=f"{pair.weight:.6g}", cell=f"{cell:.6g}",
+                 diff=f"{abs(pair.weight - cell):.1e}", row=k_row + 1, col=k_col + 1))
+
+
+def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
+    s_heads, d_k = cap.num_heads, cap.query.shape[-1]
+    st.markdown(t("lesson.heads.intro", heads=s_heads, layer=layer + 1))
+    per_row = min(s_heads, 6)
+    for start in range(0, s_heads, per_row):
+        cols = st.columns(per_row)
+        for offset, col in enumerate(cols):
+            head = start + offset
+            if head >= s_heads:
+                break
+            cls_map = cap.summary_map(layer, head)
+            col.image(render.enlarge(render.overlay(view, cls_map, alpha=0.7, cmap=CMAP), 224),
+                      caption=t("lesson.heads.caption", n=head + 1, top=float(cls_map.max())))
+    st.latex(
+        r"\text{head}_i = \text{softmax}\!\left(\frac{Q_i K_i^\top}{\sqrt{d_k}}\right) V_i,\qquad"
+        r"\text{MultiHead}(X) = \text{Concat}(\text{head}_1,\dots,\text{head}_{" + str(s_heads) + r"})\, W_O"
+    )
+    st.markdown(t("lesson.heads.concat", heads=s_heads, dk=d_k, d=s_heads * d_k, n=cap.num_tokens))
+
+
+def step_cost(model: Model) -> None:
+    st.markdown(t("lesson.cost.intro"))
+    p = model.patch
+    sizes = lesson.LESSON_SIZES if all(s % p == 0 for s in lesson.LESSON_SIZES) else (112, 224, 448, 896)
+    rows = lesson.cost_table(sizes, p, model.num_prefix_tokens, model.depth, model.num_heads, model.head_dim)
+    first = rows[0]
+    table = pd.DataFrame({
+        t("lesson.cost.size"): [f"{r.size} px" for r in rows],
+        t("lesson.cost.grid"): [f"{r.grid} × {r.grid}" for r in rows],
+        "N": [r.tokens for r in rows],
+        t("lesson.cost.pairs"): [f"{r.pairs:,}" for r in rows],
+        t("lesson.cost.times"): [f"× {r.pairs / first.pairs:.1f}" for r in rows],
+        t("lesson.cost.maps"): [f"{r.map_bytes / 1e6:,.1f} MB" for r in rows],
+        t("lesson.cost.qk"): [f"{r.qk_bytes / 1e6:,.1f} MB" for r in rows],
+    })
+    st.dataframe(table, hide_index=True, width="stretch")
+    st.caption(t("lesson.cost.caption", layers=model.depth, heads=model.num_heads, patch=p, size=model.size))
+    squares = pd.DataFrame({
+        "size": [f"{r.size} px" for r in rows], "N": [r.tokens for r in rows], "zero": 0,
+        "mb": [r.map_bytes / 1e6 for r in rows],
+    })
+    left, right = st.columns(2)
+    left.image(pair_squares([(f"{r.size} px", r.tokens) for r in rows]), width=360)
+    left.caption(t("lesson.cost.squares_caption"))
+    memory = alt.Chart(squares).mark_bar().encode(
+        x=alt.X("size:N", sort=None, title=t("lesson.cost.size"), axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("mb:Q", title=t("lesson.cost.maps")),
+        tooltip=["size", "N", alt.Tooltip("mb:Q", format=",.1f")],
+    ).properties(height=320)
+    right.altair_chart(memory, width="stretch")
+    by_size = {r.size: r for r in rows}
+    a, b = next(((r, by_size[2 * r.size]) for r in rows if 2 * r.size in by_size), (rows[0], rows[-1]))
+    st.info(t("lesson.cost.doubling", s1=a.size, s2=b.size, n1=a.tokens, n2=b.tokens, ratio=b.pairs / a.pairs))
+
+
+def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> None:
+    st.markdown(t("lesson.explain.summary"))
+    st.subheader(t("lesson.explain.test_title"))
+    st.markdown(t("lesson.explain.test_intro"))
+    controls = st.columns(3)
+    head = remembered_choice(
+        controls[0].selectbox, t("lesson.explain.rank_by"), ["mean", *range(cap.num_heads)], key="perturb_head",
+        format_func=lambda h: t("lesson.explain.mean_heads") if h == "mean" else t("lesson.head_n", n=h + 1),
+    )
+    fill = remembered_choice(controls[1].radio, t("lesson.explain.fill"), list(lesson.FILLS), key="perturb_fill",
+                             horizontal=True, format_func=lambda f: t(f"lesson.explain.fill_{f}"))
+    percent = controls[2].slider(t("lesson.explain.max_fraction"), 10, 90, 50, 10, key="perturb_max", format="%d%%")
+    asked = (*key, layer, head, fill, percent)
+    if st.button(t("lesson.explain.run", layer=layer + 1), key="perturb_run", type="primary"):
+        st.session_state["perturb_asked"] = asked
+    if st.session_state.get("perturb_asked") != asked:
+        st.caption(t("lesson.explain.press"))
+        return
+    # ~10 s of CPU: through the server's shared queue, so a class pressing at once costs one run per setting
+    result = heavy.run(
+        "perturbation", key, (layer, head, fill, percent),
+        lambda: lesson.perturbation(model, cap, layer, head, fill=fill, max_fraction=percent / 100),
+        t("lesson.explain.running"),
+    )
+
+    if result.metric == "probability":
+        change_title = t("lesson.explain.prob_drop", label=model.labels[result.target], p=result.base_probability)
+    else:
+        change_title = t("lesson.explain.cosine")
+    order_attended, order_random = t("lesson.explain.attended"), t("lesson.explain.random", n=len(result.random))
+    percent_removed = 100 * result.fractions
+    lines = pd.DataFrame({
+        "removed": np.concatenate([percent_removed, percent_removed]),
+        "change": np.concatenate([result.attended, result.random_mean]),
+        "order": [order_attended] * len(percent_removed) + [order_random] * len(percent_removed),
+    })
+    band = pd.DataFrame({"removed": percent_removed, "lo": result.random.min(0), "hi": result.random.max(0)})
+    colours = alt.Scale(domain=[order_attended, order_random], range=["#d62728", "#7f7f7f"])
+    chart = (
+        alt.Chart(band).mark_area(opacity=0.2, color="#7f7f7f").encode(x="removed:Q", y="lo:Q", y2="hi:Q")
+        + alt.Chart(lines).mark_line(point=True).encode(
+            x=alt.X("removed:Q", title=t("lesson.explain.removed_axis")),
+            y=alt.Y("change:Q", title=t("lesson.explain.change_axis")),
+            color=alt.Color("order:N", scale=colours, title=None, legend=alt.Legend(orient="top", labelLimit=500)),
+            tooltip=["order", alt.Tooltip("removed:Q", format=".0f"), alt.Tooltip("change:Q", format=".4f")],
+        )
+    ).properties(height=340)
+    left, right = st.columns([3, 2], gap="large")
+    left.altair_chart(chart, width="stretch")
+    left.caption(change_title)
+    filled = lesson.fill_image(cap.input, fill, model.patch)
+    last = result.removed[-1]
+    with right:
+        pics = st.columns(2)
+        for col, order, caption in (
+            (pics[0], result.order, order_attended), (pics[1], result.random_orders[0], t("lesson.explain.random_one"))
+        ):
+            x = lesson.remove_patches(cap.input, order[:last], cap.grid, model.patch, filled)
+            col.image(render.enlarge(lesson.to_picture(model, x), 224), caption=f"{caption} · {last}/{result.num_patches}")
+    st.info(t(f"lesson.explain.{result.verdict}", gap=result.gap, margin=result.margin,
+              attended=float(result.attended[-1]), random=float(result.random_mean[-1]),
+              percent=100 * result.fractions[-1]))
+    st.caption(t("lesson.explain.caveats"))
+
+
+# --- The page ----------------------------------------------------------------------------------
+
+classroom.chrome(present=False)
+settings = ui.model_settings()
+
+st.title(t("lesson.title"))
+st.caption(t("lesson.subtitle"))
+
+model = ui.model_or_stop(settings)
+photo_col, choice_col = st.columns([1, 3])
+checked, cap, cap_key = ui.capture_or_stop(model, settings, place=choice_col)
+view = model.view(checked.image, settings.fit)
+photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]))
+with choice_col:
+    layer_col, head_col = st.columns(2)
+    layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, cap.num_layers, key="lesson_layer") - 1
+    head = remembered_choice(head_col.selectbox, t("lesson.head"), list(range(cap.num_heads)), key="lesson_head",
+                             format_func=lambda h: t("lesson.head_n", n=h + 1))
+
+tabs = st.tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
+with tabs[0]:
+    step_qkv(model, cap, layer, head)
+with tabs[1]:
+    step_by_hand()
+with tabs[2]:
+    step_scale()
+with tabs[3]:
+    step_pair(model, cap, view, layer, head)
+with tabs[4]:
+    step_heads(cap, view, layer)
+with tabs[5]:
+    step_cost(model)
+with tabs[6]:
+    step_not_explanation(model, cap, cap_key, layer)

@@ -1,0 +1,90 @@
+"""The class token's attention over the patches, laid on the photo; for a model without a class
+token, the stated alternative (the mean attention each patch receives), labelled as such."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from attnviz import offline, render
+from ..text import t
+
+from .base import ALL, Context, View, register
+from .common import download_png, enlarge, head_label, heatmap
+from .norms import mark_high_norm, norm_sentence
+from .takeaway import downloads as take_away
+
+
+def no_class_token_note(cap) -> None:
+    """Say once, where a map would be the class token's, what is shown instead."""
+    if not cap.has_class_token:
+        st.info(t("families.no_cls_note", p=cap.num_tokens - cap.num_prefix_tokens))
+
+
+PRESENT_PX = 500  # 69 % of a 720 px projector, leaving room for the title and the scale
+
+
+def show(ctx: Context) -> None:
+    cap = ctx.cap
+    grid_map = cap.summary_map(ctx.layer, ctx.head)  # (h, w): the CLS row, or the mean received without one
+    picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    picture = mark_high_norm(picture, cap, ctx.layer)
+    patches = cap.num_tokens - cap.num_prefix_tokens
+    if cap.has_class_token:
+        title = t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head))
+        caption = t("view.caption", h=cap.grid[0], w=cap.grid[1])
+    else:
+        title = t("families.no_cls_title", layer=ctx.layer + 1, head=head_label(ctx.head))
+        caption = t("families.no_cls_caption", h=cap.grid[0], w=cap.grid[1], p=patches)
+    if ctx.present:  # the projector: the picture as large as the screen allows, the facts left out
+        st.subheader(title)
+        heatmap(picture, grid_map, ctx.cmap, caption, width=PRESENT_PX)
+        return
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        no_class_token_note(cap)
+        st.subheader(title)
+        heatmap(picture, grid_map, ctx.cmap, caption)
+        with st.expander(t("view.reading")):
+            if cap.has_class_token:
+                reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens)
+            else:
+                reading = t("families.no_cls_reading_body", p=patches, uniform=1 / patches)
+            sentence = norm_sentence(cap, ctx.layer)  # what this capture shows, not what models often do
+            if sentence:
+                reading = reading.rstrip() + "\n- " + sentence
+            st.markdown(reading)
+        head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
+        download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
+        take_away(ctx)  # the interactive page and the layer sweep (views/takeaway.py)
+    with right:
+        facts(ctx)
+
+
+def facts(ctx: Context) -> None:
+    cap, model = ctx.cap, ctx.model
+    h, w = cap.grid
+    st.subheader(t("facts.header"))
+    # the offline default's origin in the reader's language; hub and checkpoint origins are names and paths
+    provenance = t("facts.offline_provenance") if model.provenance == offline.PROVENANCE else model.provenance
+    st.markdown(t(
+        "facts.body", name=model.name, provenance=provenance, size=model.size, h=h, w=w,
+        prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
+        heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
+        device=str(model.device),
+    ))
+    top = model.top_classes(cap.output)
+    if not top:
+        st.info(t("facts.no_classes"))
+        return
+    st.subheader(t("facts.top5"))
+    table = pd.DataFrame({"class": [c for c, _ in top], "probability": [p for _, p in top]})
+    chart = alt.Chart(table).mark_bar().encode(
+        x=alt.X("probability:Q", scale=alt.Scale(domain=[0, 1]), title=t("facts.probability")),
+        y=alt.Y("class:N", sort="-x", title=None),
+        tooltip=["class", alt.Tooltip("probability:Q", format=".3f")],
+    )
+    st.altair_chart(chart, width="stretch")
+
+
+register(View("cls", show, controls=ALL, order=10))

@@ -1,0 +1,139 @@
+"""Small Streamlit pieces several views share."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+from attnviz import render
+from ..text import t
+
+DISPLAY_PX = 448  # small inputs are shown at least this large, each model pixel a crisp block
+
+
+def enlarge(picture: Image.Image) -> Image.Image:
+    return render.enlarge(picture, DISPLAY_PX)
+
+
+def head_label(head) -> str:
+    return t(f"view.head_{head}") if isinstance(head, str) else t("view.head_n", n=head + 1)
+
+
+def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str, width: int | None = None) -> None:
+    """Show an overlay with its colour bar and the numbers at both ends of the scale (``width``: shown
+    that many px wide, e.g. to fit a projector)."""
+    st.image(picture, caption=None if width else caption, width=width or "content")  # a projector: no long caption
+    st.image(render.colorbar(cmap, width=width or picture.width, height=14), width=width or "content")
+    st.caption(t("view.scale", lo=float(grid_map.min()), hi=float(grid_map.max())))
+
+
+def download_png(picture: Image.Image, file_name: str, key: str) -> None:
+    """A download button for ``picture``; the PNG is encoded only when clicked (encoding the 588 px
+    class-token picture on every run was a third of a Layer change's server time)."""
+    download_file(lambda: png_bytes(picture), file_name, key=key)
+
+
+# ---- Shared by the analysis views (rollout, query, matrix, heads, mask, stats, relevance) ----
+
+QUERY_COLOUR = (0, 255, 255)  # cyan: the query patch / chosen cell, visible on every colour map
+FIGURE_FONTS = ["DejaVu Sans", "Noto Sans CJK TC", "Noto Sans CJK JP"]
+CHART_PX = 512  # side of a clickable picture: fits the wide column of a 1280 px screen
+NARROW_CHART_PX = 340  # … and a phone's 358 px column
+
+
+def png_bytes(picture: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def data_url(picture: Image.Image) -> str:
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(png_bytes(picture)).decode("ascii")
+
+
+def figure_png(fig) -> bytes:
+    """A matplotlib ``Figure`` as PNG bytes. Build figures with ``matplotlib.figure.Figure``, never
+    pyplot: pyplot keeps global state that the sessions' threads would share."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # Chinese labels fall back to a CJK font where one is installed
+        text.set_fontfamily(FIGURE_FONTS)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="PNG", dpi=120, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def download_file(data, file_name: str, key: str, mime: str = "image/png", label: str | None = None, help=None) -> None:
+    """A download button; ``data`` may be a callable so large files are only built when clicked."""
+    st.download_button(
+        label or t("view.download"), data, file_name=file_name, mime=mime, key=key, help=help, on_click="ignore"
+    )
+
+
+def head_part(head) -> str:
+    """The head as it appears in file names: 1-based number or mean/max/min."""
+    return head if isinstance(head, str) else str(head + 1)
+
+
+def token_label(index: int, num_prefix_tokens: int, grid: tuple[int, int], short: bool = False) -> str:
+    """CLS, register k, or patch (row, column), 1-based as a person counts."""
+    if index == 0 and num_prefix_tokens > 0:  # with no prefix tokens, token 0 is the first patch
+        return "CLS" if short else t("analysis.cls_token")
+    if index < num_prefix_tokens:
+        return f"reg {index}" if short else t("analysis.register", k=index)
+    row, col = divmod(index - num_prefix_tokens, grid[1])
+    return t("analysis.patch_short" if short else "analysis.patch", row=row + 1, col=col + 1)
+
+
+def mark_patch(picture: Image.Image, grid: tuple[int, int], patch: tuple[int, int]) -> Image.Image:
+    """``picture`` with a cyan frame (on a black one, visible on any colour) round grid cell ``patch``."""
+    row, col = patch
+    width = max(2, round(min(picture.height / grid[0], picture.width / grid[1]) / 8))
+    framed = render.outline(picture, grid, [(row, col, (0, 0, 0))], width + 2)
+    return render.outline(framed, grid, [(row, col, QUERY_COLOUR)], width)
+
+
+def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str) -> None:
+    """The colour bar under a picture, with the values at both ends and their units."""
+    st.image(render.colorbar(cmap, width=width, height=14))
+    st.caption(t("analysis.scale_units", lo=float(grid_map.min()), hi=float(grid_map.max()), units=units))
+
+
+def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select, narrow: bool = False) -> None:
+    """``picture`` drawn by Altair with an invisible grid of patches on top; a click selects a patch.
+
+    The selection ``patch`` holds ``{"row": r, "col": c}`` (0-based); ``on_select`` runs as the callback.
+    """
+    import altair as alt
+    import pandas as pd
+
+    h, w = grid
+    # the browser scales the picture; the cells stay exact
+    side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)
+    cells = pd.DataFrame([(r, c, r + 1, c + 1) for r in range(h) for c in range(w)], columns=["row", "col", "r1", "c1"])
+    x = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
+    y = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
+    pick = alt.selection_point(name="patch", fields=["row", "col"], on="click", clear=False)
+    hover = alt.selection_point(name="hover", fields=["row", "col"], on="pointerover", clear="pointerout")
+    whole = pd.DataFrame([{"col": 0, "row": 0, "c1": w, "r1": h, "url": data_url(picture)}])
+    photo = alt.Chart(whole).mark_image(aspect=False).encode(x=x, x2="c1:Q", y=y, y2="r1:Q", url="url:N")
+    # Nearly transparent cells (fully transparent ones catch no clicks); the hovered one gets a white frame.
+    grid_layer = alt.Chart(cells).mark_rect(fill="white", fillOpacity=0.01, stroke="white", strokeWidth=2).encode(
+        x=x, x2="c1:Q", y=y, y2="r1:Q",
+        strokeOpacity=alt.condition(hover, alt.value(0.9), alt.value(0.0), empty=False),
+        tooltip=[alt.Tooltip("r1:Q", title=t("analysis.row")), alt.Tooltip("c1:Q", title=t("analysis.column"))],
+    ).add_params(pick, hover)
+    chart = alt.layer(photo, grid_layer).properties(width=side, height=side).configure_view(strokeWidth=0)
+    st.altair_chart(chart, key=key, on_select=on_select, selection_mode="patch", width="content")
+
+
+def selected_points(state, name: str) -> list[dict]:
+    """The points of selection ``name`` in an Altair chart's widget state (empty when none)."""
+    try:
+        return list(state["selection"][name] or [])
+    except (KeyError, TypeError):
+        return []

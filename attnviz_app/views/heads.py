@@ -1,0 +1,118 @@
+"""Every layer × head at a glance: small CLS maps; clicking one chooses that layer and head."""
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
+from PIL import Image, ImageDraw
+
+from attnviz import render
+from ..text import t
+
+from .base import ALL, Context, View, register
+from .cls import no_class_token_note
+from .common import QUERY_COLOUR, data_url, download_png, selected_points
+
+CHART_KEY = "heads_chart"
+CELL_PX = 72  # side of one small map on the page
+NARROW_PX = 300  # a phone's column (358 px) less the layer axis: all heads + mean fit across it
+PRESENT_PX = 600  # a 720 px projector less the head axis: all layers fit down it
+MEAN = "mean"
+
+
+def cls_maps(cap) -> np.ndarray:
+    """(L, H + 1, h, w): the CLS map of every head, and the mean of the heads in the last column."""
+    h, w = cap.grid
+    maps = []
+    for layer in range(cap.num_layers):
+        if cap.has_class_token:
+            rows = cap.layer_rows(layer, 0)  # (H, N): only the CLS rows are computed
+        else:  # no class token: the mean attention each token receives from the patch queries
+            rows = cap.layer_weights(layer)[:, cap.num_prefix_tokens:].mean(1)  # (H, N)
+        rows = np.concatenate([rows.cpu().numpy(), rows.mean(0, keepdim=True).cpu().numpy()])
+        maps.append(rows[:, cap.num_prefix_tokens:].reshape(-1, h, w))
+    return np.stack(maps)
+
+
+def apply_cell(state) -> None:
+    """Callback body: make the clicked cell the page's layer and head (widgets read these keys)."""
+    points = selected_points(state, "cell")
+    if points:
+        layer, head = int(points[0]["layer"]), str(points[0]["head"])
+        st.session_state["layer"] = layer  # 1-based, like the layer slider
+        st.session_state["head"] = MEAN if head == MEAN else int(head)  # 1-based head or "mean"
+
+
+def _clicked() -> None:
+    apply_cell(st.session_state.get(CHART_KEY))
+
+
+def montage(tiles: list[list[Image.Image]], chosen: tuple[int, int], gap: int = 4, margin: int = 40) -> Image.Image:
+    """One PNG of the whole grid, rows = layers, columns = heads, labelled, with the chosen cell framed."""
+    size = tiles[0][0].width
+    rows, cols = len(tiles), len(tiles[0])
+    sheet = Image.new("RGB", (margin + cols * (size + gap), margin + rows * (size + gap)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for c in range(cols):
+        name = MEAN if c == cols - 1 else str(c + 1)
+        draw.text((margin + c * (size + gap) + size // 2 - 8, margin // 2 - 6), name, fill="black")
+    for r, row in enumerate(tiles):
+        draw.text((8, margin + r * (size + gap) + size // 2 - 6), f"L{r + 1}", fill="black")
+        for c, tile in enumerate(row):
+            x, y = margin + c * (size + gap), margin + r * (size + gap)
+            sheet.paste(tile, (x, y))
+            if (r, c) == chosen:
+                draw.rectangle((x - 2, y - 2, x + size + 1, y + size + 1), outline=QUERY_COLOUR, width=3)
+    return sheet
+
+
+def show(ctx: Context) -> None:
+    cap = ctx.cap
+    num_layers, num_heads = cap.num_layers, cap.num_heads
+    no_class_token_note(cap)  # the maps below are not a class token's when it has none
+    st.subheader(t("analysis.heads.title", layers=num_layers, heads=num_heads))
+    st.caption(t("analysis.heads.caption"))
+    maps = cls_maps(cap)  # (L, H + 1, h, w)
+    cell = CELL_PX
+    if ctx.narrow:
+        cell = min(cell, NARROW_PX // (num_heads + 1) - 8)
+    if ctx.present:
+        cell = min(cell, PRESENT_PX // num_layers - 8)
+    cell = max(16, cell)
+    small = ctx.view.resize((cell, cell), Image.Resampling.BICUBIC)
+    tiles = [[render.overlay(small, maps[l, c], alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth)
+              for c in range(num_heads + 1)]
+             for l in range(num_layers)]
+    names = [*(str(k + 1) for k in range(num_heads)), MEAN]
+    chosen_head = MEAN if ctx.head == MEAN else (str(ctx.head + 1) if isinstance(ctx.head, int) else None)
+    cells = pd.DataFrame([
+        {"layer": l + 1, "head": names[c], "url": data_url(tiles[l][c]),
+         "chosen": (l == ctx.layer and names[c] == chosen_head)}
+        for l in range(num_layers) for c in range(num_heads + 1)
+    ])
+    mean_word = t("analysis.heads.mean").replace("'", "")
+    label = f"datum.value == 'mean' ? '{mean_word}' : datum.value"
+    x = alt.X("head:N", sort=names, title=t("analysis.heads.head"),
+              axis=alt.Axis(orient="top", labelAngle=0, labelExpr=label),
+              scale=alt.Scale(paddingInner=0.08, paddingOuter=0.02))
+    y = alt.Y("layer:O", title=t("analysis.heads.layer"), scale=alt.Scale(paddingInner=0.08, paddingOuter=0.02))
+    pick = alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False)
+    base = alt.Chart(cells).encode(x=x, y=y)
+    images = base.mark_image(width=cell, height=cell).encode(url="url:N")
+    frames = base.mark_rect(fill="white", fillOpacity=0.01, strokeWidth=3).encode(
+        stroke=alt.condition("datum.chosen", alt.value("#00ffff"), alt.value("transparent")),
+        tooltip=[alt.Tooltip("layer:O", title=t("analysis.heads.layer")),
+                 alt.Tooltip("head:N", title=t("analysis.heads.head"))],
+    ).add_params(pick)
+    step = cell + 8
+    chart = alt.layer(images, frames).properties(
+        width=alt.Step(step), height=alt.Step(step)
+    ).configure_view(strokeWidth=0).configure_axis(labelFontSize=13, titleFontSize=14)
+    st.altair_chart(chart, key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content")
+    chosen = (ctx.layer, names.index(chosen_head) if chosen_head in names else -1)
+    sheet = montage(tiles, chosen)
+    download_png(sheet, "all_heads.png", key="download_heads")
+
+
+register(View("heads", show, controls=ALL, order=40))

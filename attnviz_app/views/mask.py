@@ -1,0 +1,61 @@
+"""DINO-style mass masks: the fewest patches that hold X % of the class token's attention."""
+from __future__ import annotations
+
+import streamlit as st
+from PIL import Image
+
+from attnviz.masks import DEFAULT_MASS, draw_mask, mass_mask
+from ..text import t
+
+from .base import Context, HEAD, LAYER, View, register
+from .cls import no_class_token_note
+from .common import download_png, enlarge, head_label, head_part
+
+ONE, HEADS = "one", "heads"
+THUMB_PX = 224
+
+
+def show(ctx: Context) -> None:
+    cap = ctx.cap
+    h, w = cap.grid
+    no_class_token_note(cap)  # the maps below are not a class token's when it has none
+    st.markdown(t("analysis.mask.explain"))
+    c1, c2 = st.columns([3, 2])
+    percent = c1.slider(t("analysis.mask.mass"), 5, 99, round(DEFAULT_MASS * 100), 1, key="mask_mass")
+    source = c2.radio(
+        t("analysis.mask.source"), [ONE, HEADS], key="mask_source", horizontal=True,
+        format_func=lambda s: t(f"analysis.mask.source_{s}"),
+    )
+    st.subheader(t("analysis.mask.title", mass=percent))
+    if source == ONE:
+        mask = mass_mask(cap.summary_map(ctx.layer, ctx.head), percent / 100)
+        picture = enlarge(draw_mask(ctx.view, mask.keep))
+        st.image(picture, caption=f"{t('view.layer')} {ctx.layer + 1}, {head_label(ctx.head)}")
+        st.markdown(t(
+            "analysis.mask.caption", count=mask.count, patches=h * w, area=100 * mask.count / (h * w),
+            mass=100 * mask.mass,
+        ))
+        name = f"mask{percent}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png"
+    else:
+        per_row = min(cap.num_heads, 3)
+        thumbs = []
+        columns = st.columns(per_row)
+        for head in range(cap.num_heads):
+            mask = mass_mask(cap.summary_map(ctx.layer, head), percent / 100)
+            thumb = draw_mask(ctx.view, mask.keep).resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
+            thumbs.append(thumb)
+            columns[head % per_row].image(thumb, caption=t("analysis.mask.head_caption", n=head + 1, count=mask.count))
+        rows = -(-len(thumbs) // per_row)
+        picture = Image.new("RGB", (per_row * (THUMB_PX + 8), rows * (THUMB_PX + 8)), "white")
+        for i, thumb in enumerate(thumbs):
+            picture.paste(thumb, ((i % per_row) * (THUMB_PX + 8), (i // per_row) * (THUMB_PX + 8)))
+        name = f"mask{percent}_layer{ctx.layer + 1}_all_heads.png"
+    download_png(picture, name, key="download_mask")
+
+
+def controls_in(state, controls: frozenset[str]) -> frozenset[str]:
+    """One mask per head: Head is not read then."""
+    return controls - {HEAD} if state.get("mask_source") == "heads" else controls
+
+
+register(View("mask", show, controls=frozenset({LAYER, HEAD}), order=60, controls_in=controls_in))  # no colours

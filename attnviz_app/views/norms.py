@@ -1,0 +1,117 @@
+"""Token norms by layer (Darcet et al. 2024, "Vision Transformers Need Registers"), and the
+high-norm marks and sentences the class-token view uses.
+
+The capture keeps every token's L2 norm after every layer (``Capture.token_norms``, (L, N)); a patch
+is high-norm when its norm exceeds ``HIGH_NORM_RATIO`` × the median patch norm of that layer.
+"""
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
+from PIL import Image
+
+from attnviz import render
+from attnviz.capture import HIGH_NORM_RATIO, Capture
+from ..text import t
+
+from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
+from .common import colour_scale, enlarge, token_label
+
+HIGH_NORM_COLOUR = (255, 0, 255)  # magenta: apart from the cyan query frame and every colour map's ends
+
+
+def mark_high_norm(picture: Image.Image, cap: Capture, layer: int) -> Image.Image:
+    """``picture`` (the enlarged overlay) with a magenta frame round each high-norm patch after ``layer``."""
+    if cap.token_norms is None:
+        return picture
+    cells = [(int(r), int(c), HIGH_NORM_COLOUR) for r, c in np.argwhere(cap.high_norm(layer))]
+    if not cells:
+        return picture
+    width = max(2, round(min(picture.height / cap.grid[0], picture.width / cap.grid[1]) / 10))
+    return render.outline(picture, cap.grid, cells, width)
+
+
+def norm_sentence(cap: Capture, layer: int) -> str | None:
+    """What this capture shows about high-norm tokens, for the reading notes of a map of ``layer``."""
+    if cap.token_norms is None:
+        return None
+    ratios = cap.norm_ratio(layer)
+    if (ratios > HIGH_NORM_RATIO).any():
+        return t("families.high_norm_here", count=int((ratios > HIGH_NORM_RATIO).sum()), layer=layer + 1,
+                 ratio=HIGH_NORM_RATIO, top=float(ratios.max()))
+    layers = cap.high_norm_layers()
+    if layers:
+        return t("families.high_norm_elsewhere", layer=layer + 1, top=float(ratios.max()), ratio=HIGH_NORM_RATIO,
+                 layers=", ".join(str(i + 1) for i in layers))
+    tops = [float(cap.norm_ratio(i).max()) for i in range(cap.num_layers)]
+    worst = int(np.argmax(tops))
+    return t("families.high_norm_none", ratio=HIGH_NORM_RATIO, top=tops[worst], layer=worst + 1)
+
+
+def by_layer(cap: Capture) -> pd.DataFrame:
+    """Long form: per layer (1-based), the largest patch norm and the 99th percentile, ÷ the median."""
+    rows = []
+    for layer in range(cap.num_layers):
+        ratios = cap.norm_ratio(layer).ravel()
+        rows.append({"layer": layer + 1, "series": t("families.norms_max"), "ratio": float(ratios.max())})
+        rows.append({"layer": layer + 1, "series": t("families.norms_p99"), "ratio": float(np.percentile(ratios, 99))})
+    return pd.DataFrame(rows)
+
+
+def show(ctx: Context) -> None:
+    cap = ctx.cap
+    if cap.token_norms is None:
+        st.info(t("families.norms_unavailable"))
+        return
+    ratios = [float(cap.norm_ratio(layer).max()) for layer in range(cap.num_layers)]  # this capture's longest patch
+    top = int(np.argmax(ratios))
+    st.markdown(t("families.norms_explain", ratio=HIGH_NORM_RATIO, top=ratios[top], layer=top + 1))
+    data = by_layer(cap)
+    x = alt.X("layer:Q", title=t("families.norms_layer_axis"), axis=alt.Axis(tickMinStep=1, format="d"),
+              scale=alt.Scale(domain=[0.5, cap.num_layers + 0.5], nice=False))
+    lines = alt.Chart(data).mark_line(point=True).encode(
+        x=x, y=alt.Y("ratio:Q", title=t("families.norms_ratio_axis")),
+        color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
+                        sort=[t("families.norms_max"), t("families.norms_p99")]),
+        tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("series:N"), alt.Tooltip("ratio:Q", format=".2f")],
+    )
+    rule = pd.DataFrame([{"y": HIGH_NORM_RATIO, "label": t("families.norms_threshold", ratio=HIGH_NORM_RATIO)}])
+    threshold = alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(y="y:Q")
+    label = alt.Chart(rule).mark_text(align="left", dx=4, dy=-7, color="gray").encode(y="y:Q", x=alt.value(0), text="label:N")
+    st.markdown(f"**{t('families.norms_by_layer')}**")
+    st.altair_chart(alt.layer(lines, threshold, label).properties(height=240), width="stretch")
+
+    layer = ctx.layer
+    ratios = cap.norm_ratio(layer)  # (h, w)
+    st.subheader(t("families.norms_title", layer=layer + 1))
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        picture = enlarge(render.overlay(ctx.view, ratios, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+        picture = mark_high_norm(picture, cap, layer)
+        st.image(picture, caption=t("families.norms_map_caption", layer=layer + 1))
+        colour_scale(ratios, ctx.cmap, picture.width, "×")
+    with right:
+        high = int((ratios > HIGH_NORM_RATIO).sum())
+        if high:
+            st.markdown(t("families.norms_found", layer=layer + 1, count=high, patches=ratios.size))
+        else:
+            st.markdown(t("families.norms_none", layer=layer + 1, top=float(ratios.max())))
+        p = cap.num_prefix_tokens
+        if p:
+            median = float(cap.token_norms[layer, p:].median())
+            values = ", ".join(
+                f"{token_label(i, p, cap.grid, short=True)} {float(cap.token_norms[layer, i]) / median:.2f}×" for i in range(p)
+            )
+            st.caption(t("families.norms_prefix", layer=layer + 1, values=values))
+        norms = pd.DataFrame({"norm": cap.token_norms[layer, p:].double().cpu().numpy()})
+        st.markdown(f"**{t('families.norms_histogram', layer=layer + 1)}**")
+        histogram = alt.Chart(norms).mark_bar().encode(
+            x=alt.X("norm:Q", bin=alt.Bin(maxbins=40), title=t("families.norms_norm_axis")),
+            y=alt.Y("count():Q", title=t("families.norms_count_axis")),
+        )
+        st.altair_chart(histogram.properties(height=220), width="stretch")
+
+
+register(View("norms", show, controls=frozenset({LAYER, OPACITY, COLOURS, SMOOTH}), order=90))  # per layer, not per head

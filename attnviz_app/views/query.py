@@ -1,0 +1,86 @@
+"""Any token as the query: click a patch (or pick CLS / a register) and see its attention row."""
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz import render
+from ..text import t
+
+from .base import ALL, Context, View, register
+from .common import (
+    clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch,
+    selected_points, token_label,
+)
+
+CHART_KEY = "query_chart"
+PATCH = "patch"
+
+
+def current_query(cap) -> int:
+    """The query token chosen in this session (shared with the matrix view); CLS by default."""
+    h, w = cap.grid
+    kind = st.session_state.get("query_token", 0)
+    if kind == PATCH:
+        row, col = st.session_state.get("query_patch", (h // 2, w // 2))
+        return cap.num_prefix_tokens + min(row, h - 1) * w + min(col, w - 1)
+    return kind if isinstance(kind, int) and 0 <= kind < cap.num_prefix_tokens else 0
+
+
+def set_query(cap, token: int) -> None:
+    """Make ``token`` the session's query (a prefix token by index, a patch by grid position)."""
+    if token < cap.num_prefix_tokens:
+        st.session_state["query_token"] = token
+    else:
+        st.session_state["query_token"] = PATCH
+        st.session_state["query_patch"] = divmod(token - cap.num_prefix_tokens, cap.grid[1])
+
+
+def _clicked() -> None:
+    points = selected_points(st.session_state.get(CHART_KEY), "patch")
+    if points:
+        st.session_state["query_patch"] = (int(points[0]["row"]), int(points[0]["col"]))
+        st.session_state["query_token"] = PATCH
+
+
+def show(ctx: Context) -> None:
+    cap = ctx.cap
+    h, w = cap.grid
+    prefix = cap.num_prefix_tokens
+    options = [PATCH, *range(prefix)]
+    if st.session_state.get("query_token") not in options:  # e.g. a register of a model no longer loaded
+        st.session_state["query_token"] = 0
+    query = current_query(cap)
+
+    left, right = st.columns([3, 2], gap="large")
+    with right:
+        st.selectbox(
+            t("analysis.query.token"), options, key="query_token", help=t("analysis.query.help"),
+            placeholder=t("classroom.choose"),
+            format_func=lambda o: t("analysis.query.patch_option") if o == PATCH else token_label(o, prefix, cap.grid),
+        )
+    query = current_query(cap)
+    row = cap.row(ctx.layer, ctx.head, query)  # (N,)
+    grid_map = row[prefix:].reshape(h, w)
+    picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    if query >= prefix:
+        picture = mark_patch(picture, cap.grid, divmod(query - prefix, w))
+    label = token_label(query, prefix, cap.grid)
+
+    with left:
+        st.subheader(t("analysis.query.title", layer=ctx.layer + 1, head=head_label(ctx.head), token=label))
+        clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow)
+        st.caption(t("analysis.query.caption"))
+        colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.query.units", n=cap.num_tokens))
+        download_png(picture, f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_query")
+    with right:
+        st.subheader(t("analysis.query.prefix_header"))
+        st.caption(t("analysis.query.prefix_body"))
+        st.dataframe(
+            {t("analysis.matrix.cols"): [token_label(k, prefix, cap.grid) for k in range(prefix)],
+             t("analysis.matrix.colorbar"): [round(float(row[k]), 4) for k in range(prefix)]},
+            hide_index=True,
+        )
+        st.markdown(t("analysis.query.self", weight=float(row[query])))
+
+
+register(View("query", show, controls=ALL, order=20))

@@ -1,0 +1,67 @@
+"""Attention rollout next to the raw attention of the last rolled-out layer."""
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+from attnviz import render
+from attnviz.capture import HEAD_FUSIONS
+from attnviz.rollout import rollout_map
+from .. import heavy
+from ..text import t
+
+from .base import COLOURS, Context, OPACITY, SMOOTH, View, register
+from .cls import no_class_token_note
+from .common import colour_scale, download_png, enlarge
+
+
+def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.Image:
+    sheet = Image.new("RGB", (left.width + gap + right.width, max(left.height, right.height)), "white")
+    sheet.paste(left, (0, 0))
+    sheet.paste(right, (left.width + gap, 0))
+    return sheet
+
+
+def show(ctx: Context) -> None:
+    cap = ctx.cap
+    last_layer = cap.num_layers
+    no_class_token_note(cap)  # the maps below are not a class token's when it has none
+    st.markdown(t("analysis.rollout.explain"))
+    c1, c2, c3 = st.columns([3, 2, 2])
+    first, last = c1.slider(t("analysis.rollout.layers"), 1, last_layer, (1, last_layer), key="rollout_layers")
+    fusion = c2.selectbox(
+        t("analysis.fusion"), HEAD_FUSIONS, key="rollout_fusion", format_func=lambda h: t(f"view.head_{h}"),
+        placeholder=t("classroom.choose"),
+    )
+    discard = c3.slider(
+        t("analysis.rollout.discard"), 0.0, 0.95, 0.0, 0.05, key="rollout_discard",
+        help=t("analysis.rollout.discard_help"), format="%.2f",
+    )
+    args = (first, last, fusion, discard)
+    rolled = heavy.run(  # (h, w); ~2 s at 518 px: shared and bounded across sessions
+        "rollout", ctx.cap_key, args, lambda: rollout_map(cap, first - 1, last - 1, fusion, discard),
+        t("jobs.rollout"),
+    )
+    raw = cap.summary_map(last - 1, fusion)  # (h, w): the CLS row, or the mean received without a class token
+    st.subheader(t("analysis.rollout.title", first=first, last=last, fusion=t(f"view.head_{fusion}")))
+
+    pictures = []
+    left, right = st.columns(2, gap="large")
+    for column, grid_map, title, caption, units in (
+        (left, raw, t("analysis.rollout.raw_title", layer=last), t("analysis.rollout.raw_caption", layer=last),
+         t("analysis.weight_units")),
+        (right, rolled, t("analysis.rollout.roll_title", first=first, last=last),
+         t("analysis.rollout.roll_caption", first=first, last=last), t("analysis.rollout.units")),
+    ):
+        picture = enlarge(render.overlay(ctx.view, np.asarray(grid_map), ctx.alpha, ctx.cmap, ctx.smooth))
+        pictures.append(picture)
+        with column:
+            st.markdown(f"**{title}**")
+            st.image(picture, caption=caption)
+            colour_scale(np.asarray(grid_map), ctx.cmap, picture.width, units)
+    name = f"rollout_layers{first}-{last}_{fusion}.png"
+    download_png(side_by_side(*pictures), name, key="download_rollout")
+
+
+register(View("rollout", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=50))

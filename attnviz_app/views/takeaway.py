@@ -1,0 +1,28 @@
+"""Take it with you: the interactive page and the layer sweep as downloads, built only when clicked."""
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz import html, i18n, sweep
+from ..text import t
+
+from .base import Context
+from .common import download_file, head_label, head_part
+
+
+def downloads(ctx: Context) -> None:
+    """Two download buttons: the self-contained HTML page (in the page's language) and the GIF sweep."""
+    cap, model = ctx.cap, ctx.model
+    lang = st.session_state.get("lang") or i18n.DEFAULT
+
+    def page() -> bytes:
+        return html.page(cap, lang, top=model.top_classes(cap.output), picture=ctx.view).encode("utf-8")
+
+    def gif() -> bytes:
+        return sweep.sweep_gif(cap, head=ctx.head, alpha=ctx.alpha, cmap=ctx.cmap, picture=ctx.view)
+
+    download_file(page, f"attention_{model.size}px.html", key="download_html", mime="text/html",
+                  label=t("takeaway.download_html"), help=t("takeaway.download_html_help", mb=html.estimated_mb(cap)))
+    download_file(gif, f"attention_layers_head{head_part(ctx.head)}.gif", key="download_gif", mime="image/gif",
+                  label=t("takeaway.download_gif"),
+                  help=t("takeaway.download_gif_help", layers=cap.num_layers, head=head_label(ctx.head)))

@@ -1,0 +1,69 @@
+"""A view is one module that registers itself: the page finds it, labels it, and gives it only the
+controls it declares (a view that declares nothing gets none)."""
+from __future__ import annotations
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from attnviz import i18n
+from attnviz_app import views
+from attnviz_app.views import base
+
+from conftest import APP
+
+
+def toy_show(ctx: views.Context) -> None:
+    """Draws one number that depends on the Layer the page passed: the class token's largest weight."""
+    st.text(f"toy view: layer {ctx.layer + 1}, max cls weight {ctx.cap.weights(ctx.layer, 'mean')[0, 1:].max():.6f}")
+
+
+def bare_show(ctx: views.Context) -> None:
+    st.text("bare view")
+
+
+@pytest.fixture
+def toy_views(monkeypatch):
+    """Two views registered as a new module would register them, removed again after the test."""
+    views.registered()  # the built-in views register first, into the real registry
+    monkeypatch.setattr(base, "_REGISTERED", dict(base._REGISTERED))
+    views.register(views.View("toy", toy_show, controls=frozenset({views.LAYER}), order=15))
+    views.register(views.View("bare", bare_show, order=16))
+    for lang in i18n.LANGUAGES:  # the label a new view adds to each catalogue
+        monkeypatch.setitem(i18n.catalogue(lang), "views.toy", "Toy" if lang == "en" else "玩具")
+        monkeypatch.setitem(i18n.catalogue(lang), "views.bare", "Bare" if lang == "en" else "空白")
+
+
+def test_every_built_in_view_is_found_in_order():
+    assert list(views.registered()) == ["cls", "query", "matrix", "heads", "rollout", "mask", "stats", "relevance",
+                                        "norms"]
+    assert all(view.show.__module__ == f"attnviz_app.views.{name}" for name, view in views.registered().items())
+
+
+def test_a_registered_view_appears_on_the_page_with_only_its_controls(toy_views):
+    at = AppTest.from_file(str(APP), default_timeout=180).run()
+    assert at.selectbox(key="view").options[:3] == ["Class token → patches", "Toy", "Bare"]
+    at.selectbox(key="view").set_value("toy").run()
+    at.run()  # the controls follow the view chosen in the run before
+    assert not at.exception, [e.value for e in at.exception]
+    assert "layer" in {s.key for s in at.slider} and "head" not in {s.key for s in at.selectbox}
+    assert all(_display(at, key).disabled for key in ("alpha", "cmap", "smooth"))
+    at.slider(key="layer").set_value(3).run()
+    text = [t.value for t in at.text if t.value.startswith("toy view")]
+    assert len(text) == 1 and text[0].startswith("toy view: layer 3, max cls weight ")
+    assert 1 / 197 < float(text[0].rsplit(" ", 1)[1]) < 1  # a real weight of the 197-token capture
+
+    at.selectbox(key="view").set_value("bare").run()
+    at.run()
+    assert [t.value for t in at.text if t.value == "bare view"] == ["bare view"]
+    assert "layer" not in {s.key for s in at.slider} and "head" not in {s.key for s in at.selectbox}
+    assert all(_display(at, key).disabled for key in ("alpha", "cmap", "smooth"))
+
+
+def _display(at: AppTest, key: str):
+    return {"alpha": at.slider, "cmap": at.selectbox, "smooth": at.toggle}[key](key=key)
+
+
+def test_two_views_may_not_share_a_name(toy_views):
+    with pytest.raises(ValueError, match="two views are called 'toy'"):
+        views.register(views.View("toy", bare_show))
