@@ -48,8 +48,10 @@ def warm() -> None:
     start = time.perf_counter()
     import attnviz
 
-    from . import classroom, ui, views  # noqa: F401  (streamlit, altair, pandas, matplotlib)
+    from . import classroom, ui, views  # noqa: F401  (streamlit)
     from .settings import Settings
+
+    views.registered()  # every view module (altair, pandas, matplotlib): the first page run imports none
 
     # The page's own caches (st.cache_resource works before the server starts, and it is the same cache):
     # the first visitor's run, with the sidebar's defaults and the first sample photo, then only reads them.
