@@ -15,7 +15,8 @@ from . import masks, relevance, rollout, stats
 from ._version import __version__
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
 from .errors import (
-    AttnvizError, ExportError, HubUnavailable, ImageError, ModelError, NoClassTokenError, RelevanceError, RunError,
+    AttnvizError, ExportError, HubUnavailable, ImageError, IncompleteWeights, ModelError, NoClassTokenError,
+    RelevanceError, RunError,
 )
 from .export import load_capture, save_capture
 from .html import show
@@ -27,7 +28,7 @@ from .rollout import cls_rollout_grid, layer_flow, rollout_map, rollout_matrix, 
 from .stats import HeadStats, head_stats
 
 __all__ = [
-    "AttnvizError", "ExportError", "HubUnavailable", "ImageError", "RelevanceError", "RunError",
+    "AttnvizError", "ExportError", "HubUnavailable", "ImageError", "IncompleteWeights", "RelevanceError", "RunError",
     "Capture", "capture", "capture_tensor", "fuse_heads", "patch_grid",
     "HUB_MODELS", "Model", "ModelError", "NoClassTokenError", "load_model", "wrap",
     "MassMask", "draw_mask", "mass_mask", "masks",

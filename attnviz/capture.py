@@ -26,7 +26,8 @@ import torch
 from PIL import Image
 
 from .adapters import Recorder
-from .errors import NoClassTokenError
+from .errors import ImageError, NoClassTokenError
+from .images import as_rgb
 from .models import FITS, Fit, Model
 from .preparation import Preparation, preparation
 
@@ -232,8 +233,10 @@ def _check_input(model: Model, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"capture_tensor() takes a (1, 3, S, S) torch tensor, not {type(x).__name__}")
     s = model.size
-    if x.ndim != 4:
-        raise ValueError(f"capture_tensor() takes a (1, 3, {s}, {s}) tensor, not one of shape {tuple(x.shape)}")
+    channels = len(model.data_config["mean"])  # the colour channels the model normalises (3: RGB)
+    if x.ndim != 4 or x.shape[1] != channels:
+        raise ValueError(
+            f"capture_tensor() takes a (1, {channels}, {s}, {s}) tensor, not one of shape {tuple(x.shape)}")
     if x.shape[0] != 1:
         raise ValueError(f"capture_tensor() takes one image, not a batch of {x.shape[0]}: capture each image on its own")
     if tuple(x.shape[-2:]) != (s, s):
@@ -243,8 +246,14 @@ def _check_input(model: Model, x) -> None:
         )
     if not x.is_floating_point():
         raise TypeError(f"capture_tensor() takes a floating-point tensor, not {x.dtype}")
+    weights = next(model.network.parameters()).dtype
+    if x.dtype != weights:  # else a conv error 17 frames deep
+        raise TypeError(f"the input is {x.dtype} but {model.name}'s weights are {weights}: pass x.to({weights})")
     if x.device.type != model.device.type:
         raise ValueError(f"the input is on {x.device} but the model is on {model.device}")
+    if not (torch.isfinite(x.amax()) and torch.isfinite(x.amin())):  # NaN propagates; NaN maps otherwise
+        raise ImageError("the input holds values that are not numbers (NaN or infinite), so it cannot be shown "
+                         "to the model.", "not_finite", name="the input")
 
 
 @torch.inference_mode()
@@ -282,7 +291,12 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
 
 
 def capture(model: Model, image: Image.Image, fit: Fit = "crop") -> Capture:
-    """Preprocess ``image`` as ``model`` expects and capture its attention (see :class:`Capture`)."""
+    """Preprocess ``image`` as ``model`` expects and capture its attention (see :class:`Capture`).
+
+    Any PIL image is first made the upright RGB picture the page and the CLI make of the same pixels
+    (:func:`attnviz.images.as_rgb`), so ``capture(model, Image.open(path))`` feeds the model what
+    ``capture(model, load_photo(path, model).image)`` does for any picture that is not shrunk on decoding.
+    """
     if isinstance(image, (str, Path)):
         raise TypeError(f"capture() takes a PIL image, not the path {str(image)!r}: open it first, capture(model, Image.open(path))")
     if not isinstance(image, Image.Image):
@@ -290,5 +304,6 @@ def capture(model: Model, image: Image.Image, fit: Fit = "crop") -> Capture:
         raise TypeError(f"capture() takes a PIL image, not {type(image).__name__}{hint}")
     if fit not in FITS:
         raise ValueError(f"fit must be one of {FITS}, not {fit!r}")
+    image = as_rgb(image)  # the picture read_photo makes of the same pixels (16-bit, float, alpha, EXIF)
     cap = capture_tensor(model, model.to_input(model.view(image, fit)))
     return dataclasses.replace(cap, prepared=preparation(model, fit))

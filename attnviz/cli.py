@@ -12,19 +12,22 @@ Per image, in ``DIR``:
 - ``<stem>_layers.gif`` with ``--gif``: the class-token map from layer 1 to L, animated.
 
 A bad image gets one line on stderr naming it, the others are still written, and the exit code is 1.
-Problems with the options themselves (model, device, output folder) get one line and exit code 2.
+Problems with the options themselves (model, device, output folder, an output that would overwrite an
+input) get one line and exit code 2, before anything is written. Every file is written whole or not at
+all (:mod:`attnviz.atomic`); Ctrl-C ends with one line and exit code 130.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
 
-from . import capture, dataset_cli, export as exporting, i18n, load_model, render
+from . import atomic, capture, dataset_cli, export as exporting, i18n, load_model, render
 from .images import ImageError
-from .photos import read_photo
+from .photos import load_photo
 from .models import ModelError
 
 
@@ -38,24 +41,78 @@ def safe_stem(path: str) -> str:
     return stem or "image"
 
 
+def outputs(out: Path, stem: str, args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """What :func:`export_one` writes for one photo: (what it is, where), in the order it is written."""
+    files = [("capture", f"{stem}.npz"), ("overlay", f"{stem}_overlay.png")]
+    if args.html:
+        files.append(("interactive page", f"{stem}.html"))
+    if args.gif:
+        files.append(("layer sweep", f"{stem}_layers.gif"))
+    return [(what, out / name) for what, name in files]
+
+
 def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace, weights: dict | None = None) -> None:
     from . import html, sweep
     from .rollout import cls_rollout_grid
 
-    checked = read_photo(path.read_bytes(), model, path.name)  # decoded exactly as the page decodes it
+    checked = load_photo(path, model)  # decoded exactly as the page decodes it; stat-checked before it is read
     cap = capture(model, checked.image, fit=args.fit)
     about = exporting.describe(model, cap, source=path.name, weights=weights, source_size=checked.image.size)
     # (h, w): CLS rollout, head mean, no discard, residual 0.5
     extra = {"rollout": cls_rollout_grid(cap)} if args.rollout else None
-    exporting.save_capture(out / f"{stem}.npz", cap, format=args.format, dtype=args.dtype, about=about,
+    files = dict(outputs(out, stem, args))
+    # every file goes through a temporary file and an atomic rename: an interrupted run leaves no half file
+    exporting.save_capture(files["capture"], cap, format=args.format, dtype=args.dtype, about=about,
                            labels=model.labels, extra=extra)
     view = model.view(checked.image, args.fit)
-    render.overlay(view, html.summary_map(cap, cap.num_layers - 1, "mean")).save(out / f"{stem}_overlay.png")
+    with atomic.replacing(files["overlay"]) as f:
+        render.overlay(view, html.summary_map(cap, cap.num_layers - 1, "mean")).save(f, format="PNG")
     if args.html:
         page = html.page(cap, args.lang, source=path.name, top=model.top_classes(cap.output), picture=view)
-        (out / f"{stem}.html").write_text(page, encoding="utf-8")
+        atomic.write_text(files["interactive page"], page)
     if args.gif:
-        (out / f"{stem}_layers.gif").write_bytes(sweep.sweep_gif(cap, picture=view))
+        atomic.write_bytes(files["layer sweep"], sweep.sweep_gif(cap, picture=view))
+
+
+def plan(images: list[str]) -> list[tuple[str, str]]:
+    """Each input with the stem of its outputs; two inputs named alike get ``stem``, ``stem_``, …"""
+    planned, used = [], set()
+    for name in images:
+        stem = safe_stem(name)
+        while stem in used:  # two inputs named alike must not overwrite each other
+            stem += "_"
+        used.add(stem)
+        planned.append((name, stem))
+    return planned
+
+
+def _identities(path: Path) -> set[tuple]:
+    """Every way ``path`` can name the same file as another path: the file it resolves to (after symbolic
+    links), the directory entry itself (a link is an entry too), and, when it exists, its inode (hard
+    links, case-insensitive file systems)."""
+    entry = Path(os.path.realpath(path.parent)) / path.name
+    ids: set[tuple] = {("path", os.path.realpath(path)), ("path", str(entry))}
+    try:
+        st = path.stat()
+        ids.add(("inode", st.st_dev, st.st_ino))
+    except (OSError, ValueError):
+        pass
+    return ids
+
+
+def check_inputs_kept(planned: list[tuple[str, str]], out: Path, args: argparse.Namespace) -> None:
+    """Refuse, before anything is written, an output path that is one of the inputs (photos, checkpoint)."""
+    inputs = [*(name for name, _ in planned), *([args.checkpoint] if args.checkpoint else [])]
+    taken: dict[tuple, str] = {}
+    for name in inputs:
+        for identity in _identities(Path(name)):
+            taken.setdefault(identity, name)
+    for name, stem in planned:
+        for what, target in outputs(out, stem, args):
+            clash = next((taken[i] for i in _identities(target) if i in taken), None)
+            if clash is not None:
+                raise UsageError(f"{name}'s {what} would overwrite the input {clash} ({target}); nothing was "
+                                 "exported, so choose another --out folder or rename that file.")
 
 
 def check_device(device: str | None) -> str | None:
@@ -103,6 +160,8 @@ def export(args: argparse.Namespace) -> int:
                              "(the logits reach ~300, where float16 would change the weights).")
         device = check_device(args.device)
         output_folder(args.out, create=False)  # a file in the way is said before the model loads
+        planned = plan(args.images)
+        check_inputs_kept(planned, Path(args.out), args)  # x_overlay.png among the inputs stays as it is
         try:
             model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=device)
         except ModelError as e:
@@ -112,20 +171,25 @@ def export(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    failed, used = 0, set()
-    for name in tqdm(args.images, unit="image", disable=len(args.images) < 2 or args.quiet):
-        path, stem = Path(name), safe_stem(name)
-        while stem in used:  # two inputs named alike must not overwrite each other
-            stem += "_"
-        used.add(stem)
-        try:
-            if not path.is_file():
-                raise ImageError(f"{name} is not a file." if path.exists() else f"{name} does not exist.")
-            export_one(model, path, out, stem, args, weights)
-        except (ImageError, OSError) as e:
-            message = str(e) if isinstance(e, ImageError) else f"could not write {stem}'s files: {e.strerror or e}."
-            tqdm.write(f"error: {message}", file=sys.stderr)
-            failed += 1
+    failed, done = 0, 0
+    try:
+        for name, stem in tqdm(planned, unit="image", disable=len(planned) < 2 or args.quiet):
+            path = Path(name)
+            try:
+                if not path.is_file():
+                    raise ImageError(f"{name} is not a file." if path.exists() else
+                                     f"{name} is a link to nothing (its target is missing, or it loops)."
+                                     if path.is_symlink() else f"{name} does not exist.")
+                export_one(model, path, out, stem, args, weights)
+            except (ImageError, OSError) as e:
+                message = str(e) if isinstance(e, ImageError) else f"could not write {stem}'s files: {e.strerror or e}."
+                tqdm.write(f"error: {message}", file=sys.stderr)
+                failed += 1
+            done += 1
+    except KeyboardInterrupt:
+        print(f"interrupted after {done} of {len(planned)} images; every file written is whole, none was left "
+              "half-written.", file=sys.stderr)
+        return 130
     return 1 if failed else 0
 
 
@@ -178,4 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["app"]:
         return app(argv[1:])
     args = parser.parse_args(argv)
-    return dataset_cli.run(args) if args.command == "dataset" else export(args)
+    if args.command == "dataset":
+        return dataset_cli.run(args)
+    try:
+        return export(args)
+    except KeyboardInterrupt:  # while the model loads; the loop over the photos says how far it got
+        print("interrupted before any photo was exported.", file=sys.stderr)
+        return 130

@@ -19,18 +19,29 @@ A run folder ``OUT`` holds
 - ``errors/part-*.parquet``: one row per file that could not be used, with the reason;
 - ``captures/<digest>.*`` with ``--store qk``: each image's exact compact capture.
 
-Each batch's parts are written heads → errors → images, each atomically (a temporary file renamed),
-and a file counts as done once its images or errors row is on disk: a rerun skips it, and heads rows
-of a batch that never got its images part are ignored by :func:`read_run`.
+Each batch's parts are written to hidden temporary files first, then renamed heads → errors → images
+with Ctrl-C held off until the last rename, so a batch lands whole; a file counts as done once its
+images or errors row is on disk. A batch cut short anyway (the process killed between two renames)
+leaves a heads part without its images part: a rerun removes it before it redoes that batch, so the
+``heads`` folder, read by any Parquet reader, holds exactly one row per (image, layer, head).
+
+Photos are read only after ``stat`` says they are regular files of at most 50 MB
+(:func:`attnviz.runfiles.read_file`): a FIFO, a device, a dangling or looping link, a 3 GB file each get
+an errors row with the reason, without a byte read. The Dataset page reads run folders back through
+:func:`attnviz.runfiles.open_run`, which checks every file first.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import signal
+import threading
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
@@ -40,7 +51,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from .errors import RunError
+from . import runfiles
+from .errors import ExportError, RunError, RunFileError
 from .capture import Capture, capture
 from .images import ImageError
 from .photos import read_photo
@@ -103,28 +115,40 @@ class RunConfig:
 def list_images(source: str | Path) -> list[str]:
     """Absolute paths of the photos in a folder (recursively, by suffix, sorted), or of a list file.
 
-    A list file has one path a line (relative ones are relative to the list file; blank lines and lines
-    starting with ``#`` are skipped). Listed files are kept whatever their suffix, so a bad one gets
-    an errors row instead of vanishing.
+    In a folder, every name with a photo's suffix that is not a folder is listed — links that lead
+    nowhere, FIFOs and devices too, so that each gets an errors row saying why instead of vanishing.
+    A list file (UTF-8, at most 256 MB) has one path a line (relative ones are relative to the list
+    file; blank lines and lines starting with ``#`` are skipped). Listed files are kept whatever their
+    suffix, so a bad one gets an errors row too. Raises :class:`RunError` when ``source`` is neither.
     """
     source = Path(source)
     if source.is_dir():
-        found = (p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        found = (p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir())
         return sorted(os.path.abspath(p) for p in found)
-    if source.is_file():
-        lines = source.read_text(encoding="utf-8").splitlines()
-        names = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-        return list(dict.fromkeys(os.path.abspath(source.parent / name) for name in names))
-    raise FileNotFoundError(f"{source} is neither a folder of photos nor a list file")
+    if not source.exists():
+        raise RunError(f"{source} does not exist; name a folder of photos or a list file (one path a line).")
+    try:
+        text = runfiles.read_file(source, runfiles.MAX_LIST_BYTES, str(source)).decode("utf-8")
+    except RunFileError as e:
+        raise RunError(f"{e} Name a folder of photos or a list file (one path a line).") from None
+    except UnicodeDecodeError as e:
+        raise RunError(f"{source} is not a UTF-8 text file (byte {e.start} is not UTF-8); a list file "
+                       "has one path a line, saved as UTF-8.") from None
+    names = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return list(dict.fromkeys(os.path.abspath(source.parent / name) for name in names))
 
 
-def read_items(paths: Sequence[str]) -> list[tuple[str, bytes | OSError]]:
-    """(path, bytes) per path, or (path, the error) for a file that cannot be read."""
-    items: list[tuple[str, bytes | OSError]] = []
+def read_items(paths: Sequence[str]) -> list[tuple[str, bytes | RunFileError]]:
+    """(path, bytes) per path, or (path, why not) for one that is not a regular file of at most 50 MB.
+
+    Each file is ``stat``-ed before it is opened (a FIFO is never opened, a device or a 3 GB file never
+    read) and read through the descriptor that was checked; both engines read files here.
+    """
+    items: list[tuple[str, bytes | RunFileError]] = []
     for path in paths:
         try:
-            items.append((path, Path(path).read_bytes()))
-        except OSError as e:
+            items.append((path, runfiles.read_file(path, runfiles.MAX_PHOTO_BYTES, path)))
+        except RunFileError as e:
             items.append((path, e))
     return items
 
@@ -166,7 +190,7 @@ def _error_record(path: str, digest: str | None, key: str, message: str, values:
 
 def analyse(
     model: Model,
-    items: Iterable[tuple[str, bytes | OSError]],
+    items: Iterable[tuple[str, bytes | RunFileError | OSError]],
     fit: Fit = "crop",
     save: Save | None = None,
     captures: Path | None = None,
@@ -180,6 +204,9 @@ def analyse(
     """
     rows: list[dict] = []
     for path, data in items:
+        if isinstance(data, RunFileError):  # not a regular file, too large, gone: said without reading it
+            rows.append(_error_record(path, None, data.key, str(data), data.values))
+            continue
         if isinstance(data, OSError):
             reason = data.strerror or type(data).__name__
             rows.append(_error_record(path, None, "not_read", f"{path} could not be read: {reason}.",
@@ -239,9 +266,11 @@ def split(records: pa.Table) -> Tables:
 
 
 def missing_errors(paths: Iterable[str]) -> pa.Table:
-    """Records for files an engine never saw (vanished between listing and reading)."""
-    rows = [_error_record(p, None, "not_read", f"{p} could not be read: it was not found.",
-                          {"name": p, "reason": "not found"}) for p in paths]
+    """Records for files an engine never returned (a worker lost them): said as missing, to be redone."""
+    rows = []
+    for p in paths:
+        e = runfiles.problem("file_missing", name=p)
+        rows.append(_error_record(p, None, e.key, str(e), e.values))
     return pa.Table.from_pylist(rows, schema=RECORDS)
 
 
@@ -255,46 +284,115 @@ class RunFolder:
     def captures(self) -> Path:
         return self.path / "captures"
 
+    def check(self, config: RunConfig) -> None:
+        """That the folder can hold this run: a folder (or nothing yet), and if it holds a run, one with
+        the same settings. Cheap, so the engines call it before they load the model."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunError(f"{self.path} is a file, not a folder; name a folder for the run's tables "
+                           "(it is created if missing).")
+        meta = self.path / "run.json"
+        if not (meta.exists() or meta.is_symlink()):
+            return
+        before = runfiles.read_info(meta, str(meta)).settings
+        changed = [k for k, v in before.items() if getattr(config, k) != v]
+        if changed:
+            raise RunError(f"{self.path} holds a run with other settings ({', '.join(changed)}); "
+                           "use another --out folder or the same settings.")
+
     def start(self, config: RunConfig, model_name: str) -> None:
-        """Create the folder, or check that a rerun uses the same settings as the run it continues."""
+        """Create the folder, or check that a rerun uses the same settings as the run it continues and
+        tidy what an interrupted run left (:meth:`tidy`)."""
+        self.check(config)
         info = {**dataclasses.asdict(config), "model_name": model_name}
         meta = self.path / "run.json"
+        try:
+            for name in (*TABLES, *(("captures",) if config.store == "qk" else ())):
+                (self.path / name).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"cannot create the run folder {self.path}: {e.strerror or e}.") from None
         if meta.exists():
-            before = json.loads(meta.read_text(encoding="utf-8"))
-            changed = [k for k in ("model", "size", "checkpoint", "fit", "store") if before.get(k) != info[k]]
-            if changed:
-                raise RunError(f"{self.path} holds a run with other settings ({', '.join(changed)}); "
-                               "use another --out folder or the same settings.")
-        for name in (*TABLES, *(("captures",) if config.store == "qk" else ())):
-            (self.path / name).mkdir(parents=True, exist_ok=True)
-        if not meta.exists():
+            self.tidy()
+        else:
             _atomic(meta, lambda tmp: tmp.write_text(json.dumps(info, indent=2), encoding="utf-8"))
 
-    def config(self) -> dict:
-        return json.loads((self.path / "run.json").read_text(encoding="utf-8"))
+    def tidy(self) -> None:
+        """Remove what a run cut short left: temporary files, and heads parts whose batch never got its
+        images part (that batch is redone, and its rows would be on disk twice)."""
+        images = runfiles.parts(self.path, "images")
+        for name in (*TABLES, "captures"):
+            folder = self.path / name
+            for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
+                tmp.unlink(missing_ok=True)
+        for stem, part in runfiles.parts(self.path, "heads").items():
+            if stem not in images:
+                part.unlink(missing_ok=True)
+
+    def config(self) -> runfiles.RunInfo:
+        """The run's ``run.json``, checked (:func:`attnviz.runfiles.read_info`)."""
+        return runfiles.read_info(self.path / "run.json")
 
     def done(self) -> set[str]:
         """Paths that already have an images or errors row."""
         seen: set[str] = set()
         for name in ("images", "errors"):
-            for part in sorted((self.path / name).glob("part-*.parquet")):
-                seen.update(pq.read_table(part, columns=["path"])["path"].to_pylist())
+            for stem, part in runfiles.parts(self.path, name).items():
+                table = runfiles.read_part(part, name, f"{name}/{stem}.parquet", ("path",))
+                seen.update(table["path"].to_pylist())
         return seen
 
     def write(self, records: pa.Table) -> Tables:
-        """Append one batch's records as a part of each table (heads first: images/errors mark it done)."""
+        """Append one batch's records as a part of each table: written to temporary files, then renamed
+        heads → errors → images (images/errors mark it done) with Ctrl-C held off until the last."""
         tables = split(records)
         stem = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
-        for name in ("heads", "errors", "images"):
-            table = getattr(tables, name)
-            if table.num_rows:
-                _atomic(self.path / name / f"{stem}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
+        written: list[tuple[Path, Path]] = []
+        try:
+            for name in ("heads", "errors", "images"):
+                table = getattr(tables, name)
+                if table.num_rows:
+                    target = self.path / name / f"{stem}.parquet"
+                    tmp = _temporary(target)
+                    written.append((tmp, target))
+                    pq.write_table(table, tmp)
+            with _uninterrupted():
+                for tmp, target in written:
+                    os.replace(tmp, target)
+        finally:
+            for tmp, _ in written:
+                tmp.unlink(missing_ok=True)
         return tables
+
+
+def _temporary(target: Path) -> Path:
+    """A hidden name beside ``target``: Parquet readers (pyarrow.dataset, Spark, DuckDB) skip names
+    starting with a dot, so they never see half a part."""
+    return target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+    """Hold off Ctrl-C (SIGINT) and SIGTERM until the block ends, then deliver them: a batch's renames
+    land together. (A signal mask would not do: the kernel hands a process's signal to any thread that
+    does not block it, and torch keeps several.) Only the main thread can catch signals; elsewhere it
+    does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]
+    before = {s: signal.signal(s, lambda number, _frame: caught.append(number)) for s in held}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # now handled as it would have been: KeyboardInterrupt for Ctrl-C
 
 
 def _atomic(target: Path, write: Callable[[Path], None]) -> None:
     """Write through a temporary name and rename: a reader never sees half a file."""
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = _temporary(target)
     try:
         write(tmp)
         os.replace(tmp, target)
@@ -389,9 +487,10 @@ def run_local(
 
     start = time.perf_counter()
     paths = list_images(source)
-    model = model if model is not None else config.load()
     folder = RunFolder(Path(out))
-    folder.start(config, model.name)
+    folder.check(config)  # a file in the way or other settings are said before the model loads
+    model = model if model is not None else config.load()
+    folder.start(config, model.public_name)  # shown on the Dataset page: no server path
     done = folder.done()
     pending = [p for p in paths if p not in done]
     save = saver(config.store, model, config.checkpoint)
@@ -414,20 +513,23 @@ def run_local(
 RANKINGS = {"local": ("distance_px", True), "focused": ("mass60_fraction", True)}
 
 
+MAX_RUNS = 200  # run folders the page lists
+
+
 def find_runs(root: str | Path) -> list[Path]:
-    """The run folders (those with a ``run.json``) at ``root`` and one level below it, sorted by name."""
+    """The run folders (those with a ``run.json``, whatever it holds) at ``root`` and one level below it,
+    sorted by name; at most :data:`MAX_RUNS`. A broken ``run.json`` is listed so that the page can say
+    what is wrong with it (:func:`attnviz.runfiles.open_run`)."""
     root = Path(root)
-    if not root.is_dir():
+
+    def is_run(folder: Path) -> bool:
+        return os.path.lexists(folder / "run.json")
+
+    try:
+        below = sorted(entry for entry in root.iterdir() if entry.is_dir() and is_run(entry))
+    except OSError:  # not a folder, or not readable
         return []
-    found = [root] if (root / "run.json").is_file() else []
-    return found + sorted(p for p in root.iterdir() if p.is_dir() and (p / "run.json").is_file())
-
-
-def signature(out: str | Path) -> tuple:
-    """Changes whenever a part file is added: a key for caching a run's tables while it grows."""
-    out = Path(out)
-    parts = [p for name in TABLES for p in (out / name).glob("part-*.parquet")]
-    return len(parts), max((p.stat().st_mtime_ns for p in parts), default=0)
+    return ([root] if is_run(root) else []) + below[:MAX_RUNS]
 
 
 def head_summary(heads):
@@ -438,25 +540,44 @@ def head_summary(heads):
 
 
 def extremes(heads, layer: int, head: int, ranking: str, count: int = 6):
-    """(pandas) the ``count`` images where head (``layer``, ``head``) ranks first by ``RANKINGS[ranking]``."""
+    """(pandas) the ``count`` images where head (``layer``, ``head``) ranks first by ``RANKINGS[ranking]``;
+    ties in path order (``heads`` from :func:`read_run`, or from :func:`attnviz.runfiles.open_run`, whose
+    ``image`` numbers the photos in path order)."""
     column, smallest_first = RANKINGS[ranking]
     rows = heads[(heads["layer"] == layer) & (heads["head"] == head)]
-    return rows.sort_values([column, "path"], ascending=[smallest_first, True]).head(count)
+    tie = "path" if "path" in heads.columns else "image"
+    return rows.sort_values([column, tie], ascending=[smallest_first, True]).head(count)
 
 
 def reopen(model: Model, path: str, digest: str, fit: Fit, captures: Path | None = None) -> tuple[Image.Image, Capture]:
     """An image of a run again: the S × S picture the model saw, and its capture — the stored one when
-    the run kept captures (``--store qk``), else a fresh capture of the file.
+    the run kept captures (``--store qk``) and it is usable for ``model``, else a fresh capture of the file.
 
-    Raises OSError when the file is gone, :class:`RunError` when its bytes changed since the run.
+    The file is read only if it is a regular file of at most 50 MB. Raises :class:`RunFileError` when it
+    is not (or is gone), :class:`RunError` when its bytes changed since the run, :class:`ImageError` when
+    it is no picture the model can take.
     """
-    data = Path(path).read_bytes()
+    data = runfiles.read_file(path, runfiles.MAX_PHOTO_BYTES, Path(path).name)
     if hashlib.sha256(data).hexdigest() != digest:
         raise RunError(f"{Path(path).name} has changed since the run.")
-    checked = read_photo(data, model, path)
-    stored = captures / f"{digest}.npz" if captures is not None else None
-    if stored is not None and stored.is_file():
-        from .export import load_capture
+    checked = read_photo(data, model, Path(path).name)  # its sentences name the file, not where it is
+    view = model.view(checked.image, fit)
+    stored = _stored_capture(captures / f"{digest}.npz", model) if captures is not None else None
+    return view, stored if stored is not None else capture(model, checked.image, fit)
 
-        return model.view(checked.image, fit), load_capture(stored)
-    return model.view(checked.image, fit), capture(model, checked.image, fit)
+
+def _stored_capture(path: Path, model: Model) -> Capture | None:
+    """A run's stored capture, when it is a regular file of bounded size, an export attnviz reads, and of
+    ``model``'s layout; otherwise None (the caller captures afresh: same numbers, more time)."""
+    from .export import load_capture
+
+    try:
+        runfiles.check_file(path, runfiles.MAX_CAPTURE_BYTES, path.name)
+        with zipfile.ZipFile(path) as archive:  # the sizes its arrays declare, before any is read
+            if sum(member.file_size for member in archive.infolist()) > runfiles.MAX_CAPTURE_BYTES:
+                return None
+        cap = load_capture(path)
+    except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
+        return None
+    fits = tuple(cap.grid) == tuple(model.grid) and cap.input.shape[-1] == model.size
+    return cap if fits else None

@@ -1,6 +1,11 @@
 """``attnviz dataset DIR --out OUT``: attention statistics over a folder of photos, in Parquet.
 
 See :mod:`attnviz.dataset` for what the run folder holds and :mod:`attnviz.dataset_ray` for the Ray engine.
+
+Every problem is one line on stderr: exit code 2 for arguments that cannot work (a missing source, a
+list file that is not UTF-8 text, ``--out`` naming a file, a run folder with other settings or a
+damaged ``run.json``, a model that cannot be loaded), 1 when some files were unusable (each has its
+errors row), 130 after Ctrl-C (what was written is kept, and the same command continues it).
 """
 from __future__ import annotations
 
@@ -52,9 +57,17 @@ def run(args: argparse.Namespace) -> int:
                               cpus_per_worker=args.cpus_per_worker, address=args.address, progress=not args.quiet)
         else:
             summary = run_local(args.source, args.out, config, batch=args.batch, progress=not args.quiet)
-    except (ModelError, RunError, FileNotFoundError) as e:
+    except (ModelError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the run folder could not be written (a full disk, no permission)
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: cannot write the run's tables in {args.out}: {e.strerror or e}{where}.", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: the batches already written to {args.out} are kept; run the same command "
+              "again to continue.", file=sys.stderr)
+        return 130
     print(report(summary, args.out))
     return 1 if summary.errors else 0
 

@@ -1,10 +1,13 @@
 """The ``ray`` engine: the same per-batch function as the local engine, scheduled by Ray Data.
 
-    read_binary_files(paths) → map_batches(Analyser, actor pool: one model per actor) → records
-                             → the driver appends each batch to the run folder's Parquet tables
+    from_items(paths) → map_batches(Analyser, actor pool: one model per actor) → records
+                      → the driver appends each batch to the run folder's Parquet tables
 
-Each actor loads the model once in ``__init__`` and then calls :func:`attnviz.dataset.analyse` on
-every batch it is given (Ray Data's pattern for model inference). The records are small (~6 KB per
+Each actor loads the model once in ``__init__`` and then, for every batch of paths it is given, reads
+the files with :func:`attnviz.dataset.read_items` and calls :func:`attnviz.dataset.analyse` (Ray Data's
+pattern for model inference). The files are read the way the local engine reads them — any name a
+file system allows (a newline in it too), ``stat``-checked before a byte is read, FIFOs and devices
+refused with a reason row — rather than by Ray's own file reader. The records are small (~6 KB per
 image for ViT-S: 72 heads × 7 numbers), so the driver streams them into the same part files the
 local engine writes: a Ray run resumes batch by batch like a local one, and both give the same
 tables. ``--store qk`` captures are written by the actors themselves, so on a cluster ``OUT`` must be
@@ -20,10 +23,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .dataset import RunConfig, RunFolder, Summary, analyse, list_images, missing_errors, saver
+from .dataset import RunConfig, RunFolder, Summary, analyse, list_images, missing_errors, read_items, saver
+
 
 class Analyser:
-    """A Ray actor: one model, loaded once; called with batches of ``path`` / ``bytes`` columns."""
+    """A Ray actor: one model, loaded once; called with batches of a ``path`` column."""
 
     def __init__(self, config: RunConfig, captures: str, threads: int) -> None:
         import torch
@@ -35,8 +39,8 @@ class Analyser:
         self.captures = Path(captures)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        items = zip(batch["path"].to_pylist(), batch["bytes"].to_pylist())
-        return analyse(self.model, list(items), self.config.fit, self.save, self.captures)
+        items = read_items(batch["path"].to_pylist())
+        return analyse(self.model, items, self.config.fit, self.save, self.captures)
 
 
 def start_local(num_cpus: int | None = None) -> None:
@@ -79,7 +83,8 @@ def run_ray(
     start = time.perf_counter()
     paths = list_images(source)
     folder = RunFolder(Path(out))
-    folder.start(config, config.load().name)  # also a one-line error for a bad --model before Ray starts
+    folder.check(config)
+    folder.start(config, config.load().public_name)  # also a one-line error for a bad --model before Ray starts
     done = folder.done()
     pending = [p for p in paths if p not in done]
     if cpus_per_worker is None:
@@ -94,24 +99,24 @@ def run_ray(
     first: tuple[float, int] = (0.0, 0)
     seen: set[str] = set()
     try:
-        present = [p for p in pending if os.path.isfile(p)]  # Ray refuses a list with no file at all
-        if present:
+        if pending:
             quiet()
-            # Reading is light I/O: num_cpus=0 lets it run beside actors that hold every CPU.
-            files = ray.data.read_binary_files(present, include_paths=True, ignore_missing_paths=True, num_cpus=0)
-            records = files.map_batches(
+            # one block per batch, so that the actors share them out
+            names = ray.data.from_arrow([pa.table({"path": pa.array(pending[i : i + batch], pa.string())})
+                                         for i in range(0, len(pending), batch)])
+            records = names.map_batches(
                 Analyser, fn_constructor_args=(config, str(folder.captures), cpus_per_worker),
                 batch_size=batch, batch_format="pyarrow", num_cpus=cpus_per_worker,
                 compute=ray.data.ActorPoolStrategy(size=workers),
             )
-            with tqdm(total=len(present), unit="image", disable=not progress) as bar:
+            with tqdm(total=len(pending), unit="image", disable=not progress) as bar:
                 for part in records.iter_batches(batch_size=None, batch_format="pyarrow"):
                     tables = folder.write(part)
                     images, errors = images + tables.images.num_rows, errors + tables.errors.num_rows
                     first = first if seen else (time.perf_counter() - start, len(tables))
                     seen.update(part["path"].to_pylist())
                     bar.update(part.num_rows)
-        lost = [p for p in pending if p not in seen]  # vanished or unreadable before Ray could read them
+        lost = [p for p in pending if p not in seen]  # a batch Ray never gave back
         if lost:
             errors += folder.write(missing_errors(lost)).errors.num_rows
     finally:

@@ -20,6 +20,17 @@ class HubUnavailable(ModelError):
     """A hub model that is not in this computer's cache and cannot (or may not) be downloaded now."""
 
 
+class IncompleteWeights(ModelError):
+    """Weight files that do not give every tensor the model needs: refused, never filled at random.
+
+    ``missing``: how many tensors are missing (or have another shape); ``needed``: how many the model has.
+    """
+
+    def __init__(self, message: str, missing: int = 0, needed: int = 0) -> None:
+        super().__init__(message)
+        self.missing, self.needed = missing, needed
+
+
 class NoClassTokenError(AttnvizError, ValueError):
     """The model has no class token, so there is no class-token row to show."""
 
@@ -46,3 +57,16 @@ class ExportError(AttnvizError, ValueError):
 
 class RunError(AttnvizError, ValueError):
     """A dataset run folder that cannot be used as asked."""
+
+
+class RunFileError(RunError):
+    """A file in a run folder (or one a run names) that is not what it must be: not a regular file, too
+    large, not valid JSON or Parquet, or holding values out of range.
+
+    ``key`` and ``values`` name the same sentence for a translation catalogue (``dataset.<key>``).
+    """
+
+    def __init__(self, message: str, key: str, **values: object) -> None:
+        super().__init__(message)
+        self.key = key
+        self.values = values

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
+from . import atomic
 from .errors import ExportError
 from ._version import __version__
 from .capture import Capture
@@ -102,7 +103,7 @@ def describe(
     return {
         "source": {"file": source, "size": list(source_size) if source_size else None},
         "model": {
-            "name": model.name if model is not None else (prep.model if prep else None),
+            "name": model.public_name if model is not None else (prep.model if prep else None),
             "provenance": model.provenance if model is not None else None,
             **(weights or {"file": None, "sha256": None}),
         },
@@ -238,12 +239,8 @@ def save_capture(
     """
     meta = _export_meta(cap, format, dtype, about)
     path = Path(path)
-    partial = path.with_name(path.name + ".part")  # a failed or interrupted export leaves no half-written .npz
-    try:
-        _write(partial, cap, meta, format, dtype, labels, extra)
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with atomic.replacing(path) as f:  # a failed or interrupted export leaves no half-written .npz
+        _write(f, cap, meta, format, dtype, labels, extra)
     return path
 
 

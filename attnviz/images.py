@@ -23,6 +23,7 @@ MAX_PIXELS = 50_000_000  # a 24-megapixel photo passes; a 60000 × 60000 header 
 # S × 3.9 M pixels. 100 : 1 still lets 60 × 3000 strips and 4000 × 200 panoramas through.
 MAX_ASPECT = 100
 BACKGROUND = (255, 255, 255)  # transparent areas are composited on white
+WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # more than 8 bits a pixel: scaled, not clipped
 ORIENTATION = 0x0112  # EXIF tag; values 2…8 ask for a flip or turn
 SUPPORTED = "JPEG, PNG, HEIC, AVIF, WebP, GIF, BMP or TIFF"
 
@@ -80,16 +81,31 @@ def sniff(data: bytes) -> str | None:
     return next((fmt for magic, fmt in SIGNATURES.items() if data.startswith(magic)), None)
 
 
-def _to_rgb(im: Image.Image, notes: list[tuple[str, str, dict]]) -> Image.Image:
-    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        # 16-bit / 32-bit greyscale: PIL's convert("L") clips at 255, so scale the range instead.
-        a = np.asarray(im, dtype=np.float32)
-        if im.mode == "F":
-            a = a - a.min()
-            top = max(float(a.max()), 1e-12)
-        else:
-            top = 65535.0 if im.mode.startswith("I;16") or a.max() > 255 else 255.0
-        return Image.fromarray(np.clip(a / top * 255.0 + 0.5, 0, 255).astype(np.uint8)).convert("RGB")
+def _wide_to_rgb(im: Image.Image, name: str) -> Image.Image:
+    """A 16-bit, 32-bit integer or float picture as 8-bit RGB, scaled by the range its values really use.
+
+    PIL's convert("L") clips at 255: a 16-bit photo would turn white, a float one in 0 … 1 black. 16-bit
+    modes use their whole range, 0 … 65535; mode "I" holds widened 8-bit values (0 … 255), 16-bit ones
+    (0 … 65535) or anything else; floats have no agreed range. What falls outside a known range is
+    stretched from its own smallest to its largest value.
+    """
+    a = np.asarray(im, dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise ImageError(f"{name} holds values that are not numbers (NaN or infinite), so it cannot be shown "
+                         "to the model.", "not_finite", name=name)
+    if im.mode.startswith("I;16"):
+        top = 65535.0
+    elif im.mode == "I" and a.min() >= 0 and a.max() <= 65535:
+        top = 255.0 if a.max() <= 255 else 65535.0
+    else:
+        a = a - a.min()
+        top = max(float(a.max()), 1e-12)
+    return Image.fromarray(np.clip(a / top * 255.0 + 0.5, 0, 255).astype(np.uint8)).convert("RGB")
+
+
+def _to_rgb(im: Image.Image, notes: list[tuple[str, str, dict]], name: str = "the file") -> Image.Image:
+    if im.mode in WIDE_MODES:
+        return _wide_to_rgb(im, name)
     has_alpha = im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info
     if has_alpha:
         rgba = im.convert("RGBA")
@@ -186,12 +202,50 @@ def open_image(
                          "truncated", name=name) from None
     fmt = "JPEG" if im.format == "MPO" else "HEIC" if im.format == "HEIF" else im.format or "unknown"
     try:
-        rgb = _to_rgb(_upright(im, notes), notes)
+        rgb = _to_rgb(_upright(im, notes), notes, name)
         if shorter_side and min(rgb.size) >= 2 * shorter_side:
             rgb = rgb.reduce(min(rgb.size) // shorter_side)  # box average over whole k × k blocks
         if max_side and max(rgb.size) > max_side:
             rgb.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+    except ImageError:
+        raise
     except Exception:  # an exotic colour mode PIL cannot convert, or pixels that fail late
         raise ImageError(f"{name} uses a colour mode we cannot convert ({im.mode}).",
                          "mode", name=name, mode=im.mode) from None
     return CheckedImage(rgb, fmt, tuple(n for n, _, _ in notes), tuple((k, v) for _, k, v in notes))
+
+
+def as_rgb(image: Image.Image, name: str = "the picture") -> Image.Image:
+    """Any PIL image as the upright RGB picture :func:`open_image` makes of the same pixels.
+
+    :func:`attnviz.capture` calls it, so a picture you opened yourself (``Image.open(path)``) reaches the
+    model exactly as the page and the CLI show it: turned upright as its EXIF orientation says,
+    transparency composited on :data:`BACKGROUND`, 16-bit and float pixels scaled by their range rather
+    than clipped. An RGB picture with nothing to turn or composite is returned as it is. Raises
+    :class:`ImageError` for an empty picture, one too long and thin, NaN or infinite values, or a colour
+    mode PIL cannot convert. (Only :func:`open_image` decodes a file at reduced size: a large picture
+    decoded in full is resized by the model's view instead, so it may differ from the page by rounding.)
+    """
+    w, h = image.size
+    if w < 1 or h < 1:
+        raise ImageError(f"{name} has no pixels.", "no_pixels", name=name)
+    if max(w, h) > MAX_ASPECT * min(w, h):
+        raise ImageError(
+            f"{name} is {w} × {h} pixels, too long and thin; one side may be at most {MAX_ASPECT} times the other.",
+            "too_thin", name=name, w=w, h=h, ratio=MAX_ASPECT,
+        )
+    try:
+        image.load()
+    except Exception:
+        raise ImageError(f"{name} is damaged or cut short, so its pixels cannot be decoded.",
+                         "truncated", name=name) from None
+    try:
+        upright = _upright(image, [])
+        if upright.mode == "RGB" and "transparency" not in upright.info:
+            return upright
+        return _to_rgb(upright, [], name)
+    except ImageError:
+        raise
+    except Exception:
+        raise ImageError(f"{name} uses a colour mode we cannot convert ({image.mode}).",
+                         "mode", name=name, mode=image.mode) from None

@@ -9,6 +9,8 @@ loaded by that family (:func:`attnviz.adapters.family_of_name`).
 
 Every network goes through :func:`attnviz.adapters.adapter_for` when it is wrapped, so a model whose
 attention attnviz cannot reproduce exactly is refused here, with one sentence, not at capture time.
+Weights are never filled at random: a checkpoint (or a family's folder) must give every tensor its
+network needs, checked on the meta device before anything is allocated (:mod:`attnviz.weightfiles`).
 Wrapping also installs the capture's hooks on the network, once (:func:`attnviz.adapters.tap_of`).
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from . import offline
+from . import offline, weightfiles
 from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
 from .errors import HubUnavailable, ModelError
 
@@ -50,7 +52,8 @@ class Model:
 
     ``adapter`` says how to read its exact attention (:mod:`attnviz.adapters`); ``tap`` holds the hooks
     that read it, installed on the network once and shared by every model wrapping it; the properties
-    below are the token layout every family shares.
+    below are the token layout every family shares. ``name`` is what :func:`load_model` was given (it may
+    hold a folder's path); ``public_name`` and ``provenance`` hold no path and are what pages and exports show.
     """
 
     network: torch.nn.Module
@@ -61,9 +64,14 @@ class Model:
     labels: tuple[str, ...] | None  # class names when the model has a classifier head
     device: torch.device
     adapter: Adapter | None = field(default=None, repr=False)  # filled in from the network when not given
+    # What a page or a file meant for others calls it: its name without any path on this computer
+    # ("hf:my-vit", not "hf:/srv/models/my-vit"); the name itself when that holds no path.
+    public_name: str | None = None
     tap: Tap = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.public_name is None:
+            object.__setattr__(self, "public_name", self.name)
         if self.adapter is None:
             object.__setattr__(self, "adapter", adapter_for(self.network, self.size))
         object.__setattr__(self, "tap", tap_of(self.network, self.adapter))
@@ -131,16 +139,41 @@ class Model:
         return normalise(view).unsqueeze(0).to(self.device)
 
     def top_classes(self, logits: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
-        """The k most probable classes with their softmax probabilities; empty without a classifier."""
+        """The k most probable classes with their softmax probabilities (all of them when the head has
+        fewer than k, as a cats-vs-dogs classifier does); empty without a classifier."""
         if self.labels is None:
             return []
-        probs = logits.float().softmax(-1)
-        p, i = probs.topk(k)
+        probs = logits.float().softmax(-1)  # (C,)
+        p, i = probs.topk(min(k, probs.shape[-1]))
         return [(self.labels[j], float(q)) for q, j in zip(p.tolist(), i.tolist())]
 
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def checked_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a torch.device this computer has, or one sentence (never torch's driver message)."""
+    if device is None:
+        return default_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ModelError(f"{device!r:.40} is not a device PyTorch knows; use \"cpu\" or \"cuda\".") from e
+    if device.type == "cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus == 0:
+            raise ModelError(f"device=\"{device}\" needs a CUDA GPU that PyTorch can use, and this computer has none; "
+                             "use device=\"cpu\".")
+        if device.index is not None and device.index >= gpus:
+            raise ModelError(f"There is no GPU {device}: this computer has {gpus} (cuda:0 to cuda:{gpus - 1}).")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ModelError("device=\"mps\" needs an Apple GPU that PyTorch can use, and this computer has none; "
+                             "use device=\"cpu\".")
+    elif device.type != "cpu":
+        raise ModelError(f"attnviz runs models on \"cpu\", \"cuda\" or \"mps\", not \"{device.type}\".")
+    return device
 
 
 def _labels(network: torch.nn.Module) -> tuple[str, ...] | None:
@@ -169,7 +202,7 @@ def wrap(
     """
     if not isinstance(network, torch.nn.Module):
         raise ModelError(f"wrap() needs a torch.nn.Module (a timm ViT), not {type(network).__name__}.")
-    device = torch.device(device)
+    device = checked_device(device)
     network.eval().requires_grad_(False).to(device)
     adapter = adapter_for(network, size)  # refuses here, not at the first capture
     cfg = timm.data.resolve_data_config({}, model=network)
@@ -253,25 +286,72 @@ def _load_hub(name: str, size: int | None, device: torch.device, download: bool 
         raise
     except Exception as e:  # timm/hub raise many kinds; the page needs one sentence
         raise ModelError(f"Could not load {name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
-    size = network.patch_embed.img_size[0] if size is None else size
+    size = _native_size(network, size)
     return wrap(network, name, f"timm hub model {name}", size, device)
 
 
+POSITION_TABLES = frozenset({"pos_embed"})  # timm resamples these to another input size as it loads them
+
+
+def meta_network(arch: str, size: int | None = None, num_classes: int | None = None) -> torch.nn.Module:
+    """timm architecture ``arch`` built on the meta device: every shape, no memory, no random init."""
+    kwargs = {} if size is None else {"img_size": size}
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    try:
+        with torch.device("meta"), weightfiles.skip_meta_init():
+            return timm.create_model(arch, pretrained=False, **kwargs)
+    except Exception as e:  # timm raises many kinds; one sentence
+        raise ModelError(f"{arch} could not be built at {size or 'its own'} px: {str(e).splitlines()[0][:160]}") from e
+
+
+def checkpoint_classes(arch: str, held: weightfiles.Shapes) -> int:
+    """The classes of the classifier a timm checkpoint holds (``head.weight`` is (C, D)); 0 without one."""
+    try:
+        cfg = timm.models.get_pretrained_cfg(arch)
+    except RuntimeError:  # an unknown pretrained tag: timm says so when the model is built
+        cfg = None
+    classifier = (cfg.classifier if cfg is not None and cfg.classifier else None) or "head"
+    first = classifier if isinstance(classifier, str) else classifier[0]
+    shape = held.get(f"{first}.weight")
+    return shape[0] if shape is not None and len(shape) == 2 else 0
+
+
+def _native_size(network: torch.nn.Module, size: int | None) -> int | None:
+    if size is not None:
+        return size
+    built = getattr(getattr(network, "patch_embed", None), "img_size", None)
+    return int(built[0]) if built is not None else None
+
+
 def _load_checkpoint(arch: str, checkpoint: Path, size: int | None, device: torch.device) -> Model:
+    """A timm architecture with a local safetensors state dict in timm's own names.
+
+    The classifier is sized from the file (a 2-class fine-tune is a 2-class model), and the file must
+    give every tensor the architecture has: checked on the meta device before anything is allocated,
+    so nothing is ever left at its random initialisation.
+    """
     checkpoint = Path(checkpoint)
     if checkpoint.suffix != ".safetensors":
         raise ModelError("Only .safetensors checkpoints are accepted (pickled .pth/.bin files can run code).")
-    if not checkpoint.is_file():
+    if not checkpoint.exists():
         raise ModelError(f"No checkpoint file at {checkpoint}.")
     if not timm.is_model(arch.split(".")[0]):
         raise ModelError(f"timm has no architecture called {arch!r}.")
+    held = weightfiles.tensors(checkpoint)
+    classes = checkpoint_classes(arch, held)
+    needed = weightfiles.expected(meta_network(arch, size, classes))
+    weightfiles.uncovered(needed, held, reshaped=POSITION_TABLES).check(checkpoint.name, arch)
     kwargs = {} if size is None else {"img_size": size}
+    # num_classes in the overlay too: timm drops a classifier whose size differs from its config's (to
+    # initialise a new one at random); here the file's classifier is the model's.
+    overlay = {"file": str(checkpoint), "num_classes": classes, "label_offset": 0}
     try:
-        network = timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": str(checkpoint)}, **kwargs)
+        network = timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=classes, **kwargs)
     except Exception as e:
         raise ModelError(f"{checkpoint.name} does not fit {arch}: {str(e).splitlines()[0][:200]}") from e
-    size = network.patch_embed.img_size[0] if size is None else size
-    return wrap(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint.name}", size, device)
+    return wrap(network, f"{arch} ({checkpoint.name})", f"local checkpoint {checkpoint.name}",
+                _native_size(network, size), device)
 
 
 def _load_by_family(family: Family, spec: str, size: int | None, device: torch.device) -> Model:
@@ -305,7 +385,7 @@ def load_model(
         device: ``"cpu"``, ``"cuda"``; the GPU when there is one by default.
         download: ``False`` never downloads: a hub model must already be in the local cache.
     """
-    device = torch.device(device) if device is not None else default_device()
+    device = checked_device(device)
     _check_size(size)
     family = family_of_name(name)
     if family is not None:

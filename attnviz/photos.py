@@ -13,10 +13,13 @@ decoded photos holds about a megapixel each instead of twelve.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from importlib import resources
 from pathlib import Path
 
-from .images import CheckedImage, open_image
+from . import images
+from .images import CheckedImage, ImageError, open_image
 from .models import Fit, Model
 
 SAMPLES = ("cat", "coffee", "astronaut", "rocket")  # freely licensed photos shipped in attnviz/assets (SOURCES.md)
@@ -51,10 +54,42 @@ def read_photo(data: bytes, model: Model, name: str = "the file") -> CheckedImag
     return open_image(data, name, shorter_side=side, max_side=LONGEST * side)
 
 
-def load_photo(path: str | Path, model: Model) -> CheckedImage:
-    """:func:`read_photo` for a file on disk."""
+def read_file(path: str | Path, name: str | None = None, limit: int | None = None) -> bytes:
+    """A photo file's bytes, checked before they are read: a regular file (a FIFO would block for ever, a
+    device never end) of at most ``limit`` bytes by its size (default :data:`attnviz.images.MAX_BYTES`,
+    50 MB): a 3 GB file is refused without being read.
+
+    The file is opened without blocking and checked on the open descriptor, so it cannot be swapped for a
+    pipe between the check and the read; a file that grows meanwhile is read only to ``limit`` + 1 bytes.
+    Raises :class:`ImageError`; ``OSError`` when the file cannot be opened at all (missing, no permission).
+    """
     path = Path(path)
-    return read_photo(path.read_bytes(), model, path.name)
+    name = path.name if name is None else name
+    limit = images.MAX_BYTES if limit is None else limit
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ImageError(f"{name} is not a regular file (a folder, a pipe or a device cannot be read as a "
+                             "photo).", "not_regular", name=name)
+        if st.st_size > limit:
+            raise _too_large(name, st.st_size, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise _too_large(name, len(data), limit)
+    return data
+
+
+def _too_large(name: str, size: int, limit: int) -> ImageError:
+    mb, limit_mb = round(size / 2**20), limit // 2**20
+    return ImageError(f"{name} is {mb} MB; attnviz reads photos of at most {limit_mb} MB.", "file_too_large",
+                      name=name, mb=mb, limit=limit_mb)
+
+
+def load_photo(path: str | Path, model: Model) -> CheckedImage:
+    """:func:`read_photo` for a file on disk (read by :func:`read_file`: regular files of ≤ 50 MB only)."""
+    path = Path(path)
+    return read_photo(read_file(path), model, path.name)
 
 
 def view_notes(size: tuple[int, int], model: Model, fit: Fit) -> tuple[tuple[str, dict], ...]:

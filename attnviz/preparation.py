@@ -14,7 +14,7 @@ from PIL import Image
 
 @dataclass(frozen=True)
 class Preparation:
-    model: str  # the model's name as load_model / wrap gave it
+    model: str  # the model's public name (Model.public_name: no path on the computer that made it)
     size: int  # input side S in pixels
     fit: str | None  # "crop" (resize + centre crop) or "squash"; None when a tensor was passed in directly
     crop_pct: float  # resize the shorter side to S / crop_pct, then crop S × S (fit "crop" only)
@@ -35,7 +35,7 @@ def preparation(model, fit: str | None) -> Preparation:
     """What ``model.view`` and ``model.to_input`` do to a photo, as plain values."""
     cfg = model.data_config
     return Preparation(
-        model=model.name,
+        model=model.public_name,
         size=model.size,
         fit=fit,
         crop_pct=float(cfg.get("crop_pct", 1.0)),

@@ -49,7 +49,7 @@ def relevance_rows(attentions: list[torch.Tensor], gradients: list[torch.Tensor]
 def class_relevance(model: Model, x: torch.Tensor, class_index: int) -> np.ndarray:
     """(N, N) relevance matrix R of class ``class_index`` for the (1, 3, S, S) input ``x``."""
     if model.labels is None:
-        raise RelevanceError(f"{model.name} has no classifier head, so there is no class score to explain.")
+        raise RelevanceError(f"{model.public_name} has no classifier head, so there is no class score to explain.")
     if not 0 <= class_index < len(model.labels):
         raise RelevanceError(f"class {class_index} is outside 0…{len(model.labels) - 1}.")
     with torch.inference_mode(False), torch.enable_grad():
@@ -62,6 +62,6 @@ def class_relevance(model: Model, x: torch.Tensor, class_index: int) -> np.ndarr
 def relevance_map(model: Model, cap: Capture, class_index: int) -> np.ndarray:
     """(h, w): the class token's row of R over the patches, for the capture's input."""
     if not cap.has_class_token:
-        raise RelevanceError(f"{model.name} has no class token, and this map is the class token's row of R.")
+        raise RelevanceError(f"{model.public_name} has no class token, and this map is the class token's row of R.")
     relevance = class_relevance(model, cap.input, class_index)
     return patch_grid(relevance[0], cap.grid, cap.num_prefix_tokens)

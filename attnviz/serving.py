@@ -11,33 +11,36 @@ A visitor picks models from lists; only the owner, at start, decides what the li
   ``load_model("hf:<folder>")``.
 - ``ATTNVIZ_ALLOW_DOWNLOADS=1``: hub models that are not in this computer's cache may be downloaded.
   Otherwise the page offers only hub models already cached, and never downloads.
-- ``ATTNVIZ_MAX_PARAMS`` (default 100M): the parameter budget. Every architecture the page may load is
-  counted first on PyTorch's meta device (no memory allocated) and every checkpoint from its
-  safetensors header; over budget is refused before anything is built.
+- ``ATTNVIZ_MAX_PARAMS`` (default 100M): the parameter budget. Whatever the page may load (a timm
+  name, a checkpoint, a Hugging Face folder) is counted first by :func:`model_parameters`: the
+  architecture its name or config.json describes, on PyTorch's meta device (no memory allocated), and
+  its weight files from their safetensors headers; over budget is refused before anything is built.
 - ``ATTNVIZ_HEAVY_JOBS`` (default: the number of cores): heavy jobs that may run at once.
+- ``ATTNVIZ_LIVE_STREAMS`` (default: the number of cores): live-camera streams that may run at once
+  (0: no live camera).
 
 The library and the CLI are not limited by any of this: they run as their user.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from . import weightfiles
 from .errors import ModelError
 from .jobs import core_count
+from .weightfiles import safetensors_header
 
 ENV_CHECKPOINTS = "ATTNVIZ_CHECKPOINTS"
 ENV_DOWNLOADS = "ATTNVIZ_ALLOW_DOWNLOADS"
 ENV_MAX_PARAMS = "ATTNVIZ_MAX_PARAMS"
 ENV_HEAVY_JOBS = "ATTNVIZ_HEAVY_JOBS"
+ENV_LIVE_STREAMS = "ATTNVIZ_LIVE_STREAMS"
 DEFAULT_MAX_PARAMS = 100_000_000  # ViT-B/16 (86 M) fits; ViT-L (304 M), ViT-H (632 M), ViT-g (1 B) do not
 MAX_LISTED = 200  # checkpoints offered from the owner's folder
-MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header larger than this is not read
 ARCH_SEPARATOR = "--"
 
 
@@ -60,6 +63,7 @@ class Policy:
     allow_downloads: bool  # may the page download hub models that are not cached?
     max_params: int  # parameter budget for anything the page loads
     heavy_jobs: int  # heavy jobs that may run at once, server-wide
+    live_streams: int = field(default_factory=core_count)  # live-camera streams at once, server-wide
 
 
 def _count(text: str, what: str) -> int:
@@ -79,11 +83,13 @@ def policy(environ: Mapping[str, str] = os.environ) -> Policy:
         raise ValueError(f"{ENV_DOWNLOADS} must be 1 or 0; got {downloads!r}.")
     max_params = environ.get(ENV_MAX_PARAMS, "").strip()
     heavy_jobs = environ.get(ENV_HEAVY_JOBS, "").strip()
+    live_streams = environ.get(ENV_LIVE_STREAMS, "").strip()
     return Policy(
         checkpoints=Path(folder).expanduser() if folder else None,
         allow_downloads=downloads in ("1", "yes", "true", "on"),
         max_params=_count(max_params, ENV_MAX_PARAMS) if max_params else DEFAULT_MAX_PARAMS,
         heavy_jobs=max(1, _count(heavy_jobs, ENV_HEAVY_JOBS)) if heavy_jobs else core_count(),
+        live_streams=_count(live_streams, ENV_LIVE_STREAMS) if live_streams else core_count(),
     )
 
 
@@ -105,51 +111,28 @@ class Checkpoint:
         return family_of_name(self.arch) is not None
 
     def files(self) -> tuple[Path, ...]:
-        """Every file whose bytes make up this checkpoint (what its content key is made of)."""
+        """Every file whose bytes make up this checkpoint (what its content key is made of): regular
+        files only, as the family that loads a folder names them; a ModelError when one is missing."""
         if self.is_folder:
-            return tuple(sorted([*self.path.glob("*.safetensors"), *self.path.glob("*.json")]))
+            from .adapters import family_of_name
+
+            family = family_of_name(self.arch)
+            if family.files is None:
+                raise ModelError(f"{self.label}: the {family.name} family does not say which files make up its models.")
+            return family.files(family.spec(self.arch))
         return (self.path,)
 
 
-def safetensors_header(path: Path) -> dict:
-    """The JSON header of a safetensors file (tensor names, dtypes, shapes): no tensor is read."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ModelError(f"{path.name} is not a safetensors file.")
-        (length,) = struct.unpack("<Q", head)
-        if length > os.fstat(f.fileno()).st_size - 8:
-            raise ModelError(f"{path.name} is not a safetensors file.")
-        if length > MAX_HEADER_BYTES:
-            raise ModelError(f"{path.name} has a safetensors header over {MAX_HEADER_BYTES >> 20} MB.")
-        try:
-            header = json.loads(f.read(length))
-        except ValueError as e:
-            raise ModelError(f"{path.name} is not a safetensors file.") from e
-    if not isinstance(header, dict):
-        raise ModelError(f"{path.name} is not a safetensors file.")
-    return header
-
-
 def checkpoint_parameters(files: tuple[Path, ...]) -> int:
-    """Number of values stored in these safetensors files, from their headers alone."""
-    total = 0
-    for path in files:
-        if path.suffix != ".safetensors":
-            continue
-        for name, entry in safetensors_header(path).items():
-            if name != "__metadata__" and isinstance(entry, dict):
-                count = 1
-                for side in entry.get("shape", ()):
-                    count *= int(side)
-                total += count
-    return total
+    """Number of values stored in these safetensors files, from their headers alone (each header
+    checked against the bytes its file holds, so it cannot claim more or less than it stores)."""
+    return weightfiles.count(weightfiles.tensors_of(p for p in files if p.suffix == ".safetensors"))
 
 
-def _is_timm_arch(name: str) -> bool:
+def _is_timm_arch(name: object) -> bool:
     import timm
 
-    return bool(name) and timm.is_model(name.split(".")[0])
+    return isinstance(name, str) and bool(name) and timm.is_model(name.split(".")[0])
 
 
 def _entry(path: Path) -> Checkpoint | None:
@@ -157,17 +140,16 @@ def _entry(path: Path) -> Checkpoint | None:
         arch, separator, _ = path.stem.partition(ARCH_SEPARATOR)
         if not separator:
             try:
-                arch = (safetensors_header(path).get("__metadata__") or {}).get("arch", "")
+                metadata = safetensors_header(path).get("__metadata__")
             except (OSError, ModelError):
                 return None
+            arch = metadata.get("arch", "") if isinstance(metadata, dict) else ""
         return Checkpoint(path.name, arch, path) if _is_timm_arch(arch) else None
     config = path / "config.json"
     if path.is_dir() and config.is_file():
         try:
-            settings = json.loads(config.read_text())
-        except (OSError, ValueError):
-            return None
-        if not isinstance(settings, dict):
+            settings = weightfiles.read_json(config)  # bounded: a 5 GB config.json is not read
+        except (OSError, ModelError):
             return None
         weights = path / "model.safetensors"
         if _is_timm_arch(settings.get("architecture", "")) and weights.is_file():
@@ -197,36 +179,39 @@ def list_checkpoints(folder: Path | None) -> tuple[Checkpoint, ...]:
 
 # --- The budget -------------------------------------------------------------------------------
 
-def _skip_meta_init():
-    """A torch-function mode (per thread) that skips in-place ops on meta tensors: the random weight
-    initialisation (trunc_normal_, uniform_, …) is most of a meta build's time and means nothing there."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    class SkipMetaInit(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            name = getattr(func, "__name__", "")
-            in_place = name.endswith("_") and not name.endswith("__")
-            if in_place and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-                return args[0]
-            return func(*args, **(kwargs or {}))
-
-    return SkipMetaInit()
-
-
-def architecture_parameters(arch: str, size: int | None = None) -> int:
+def architecture_parameters(arch: str, size: int | None = None, num_classes: int | None = None) -> int:
     """Parameters of timm architecture ``arch`` at input ``size``, built on the meta device: no memory
     is allocated (a 7-billion-parameter architecture is counted in ~0.2 s)."""
-    import timm
-    import torch
+    from .models import meta_network
 
-    kwargs = {} if size is None else {"img_size": size}
-    try:
-        with torch.device("meta"), _skip_meta_init():
-            network = timm.create_model(arch, pretrained=False, **kwargs)
-    except Exception as e:  # timm raises many kinds; one sentence for the page
-        raise ModelError(f"{arch} could not be built at {size or 'its own'} px: {str(e).splitlines()[0][:160]}") from e
-    return sum(p.numel() for p in network.parameters())
+    return sum(p.numel() for p in meta_network(arch, size, num_classes).parameters())
+
+
+def model_parameters(name: str | None, size: int | None = None, checkpoint: Path | None = None) -> int:
+    """Parameters of what ``load_model(name, size, checkpoint=checkpoint)`` would build, counted
+    without building it: the architecture on the meta device (a timm name, or the config of a
+    family's folder) and the weight files from their headers; the larger of the two.
+
+    The one count behind the budget, for every way a model arrives.
+    """
+    from . import offline
+    from .adapters import family_of_name
+    from .models import checkpoint_classes
+
+    if name is None:
+        return architecture_parameters(offline.ARCH, size, num_classes=0)
+    family = family_of_name(name)
+    if family is not None:
+        if family.parameters is None:
+            raise ModelError(f"{name}: the {family.name} family cannot count its parameters before loading, "
+                             "so it cannot be checked against a budget.")
+        return family.parameters(family.spec(name), size)
+    if checkpoint is None:
+        return architecture_parameters(name, size)
+    if not Path(checkpoint).exists():  # as load_model says it
+        raise ModelError(f"No checkpoint file at {checkpoint}.")
+    held = weightfiles.tensors(Path(checkpoint))
+    return max(weightfiles.count(held), architecture_parameters(name, size, checkpoint_classes(name, held)))
 
 
 def check_budget(what: str, params: int, limit: int) -> None:

@@ -14,11 +14,12 @@ import streamlit as st
 
 import attnviz
 from attnviz import i18n
-from attnviz import serving
+from attnviz import serving, weightfiles
 from attnviz.adapters import family_of_name
 from attnviz.errors import HubUnavailable, ModelError
 from attnviz.images import KIND_IDS, CheckedImage, ImageError
 
+from .priority import foreground
 from .settings import Settings
 from .text import t
 
@@ -67,7 +68,8 @@ def cached_capture(
     model_key: tuple, digest: str, fit: str, _model: attnviz.Model, _image: CheckedImage
 ) -> attnviz.Capture:
     # Keyed by (model, input size, image digest, fit); the model and image themselves are not hashed.
-    return attnviz.capture(_model, _image.image, fit=fit)
+    with foreground().running():  # live-camera frames wait meanwhile (attnviz_app/priority.py)
+        return attnviz.capture(_model, _image.image, fit=fit)
 
 
 IMAGE_CACHE_ENTRIES = 16  # each at most 4704 × 587 px (attnviz.photos.read_photo): ≤ 8.3 MB
@@ -82,7 +84,8 @@ def checked_image(digest: str, side: int, name: str, _data: bytes, _model: attnv
     and the model's decode side.
     """
     try:
-        return attnviz.read_photo(_data, _model, name)
+        with foreground().running():
+            return attnviz.read_photo(_data, _model, name)
     except ImageError as e:
         return e
 
@@ -126,22 +129,25 @@ def file_digest(path: str, size: int, mtime_ns: int, inode: int) -> str:
 
 
 def content_key(checkpoint: serving.Checkpoint) -> str:
-    """One sha256 over the checkpoint's files: the cache key of what they hold, not of where they are."""
+    """One sha256 over the checkpoint's files: the cache key of what they hold, not of where they are.
+
+    Only regular files are read (a pipe or a device would never end), and a settings file only when it
+    is as small as one is (the budget has already bounded the weight files by what they hold).
+    """
     parts = []
     for path in checkpoint.files():
-        stat = path.stat()
+        stat = weightfiles.regular_file(path)
+        if path.suffix == ".json" and stat.st_size > weightfiles.MAX_JSON_BYTES:
+            raise ModelError(f"{path.name} is over the {weightfiles.MAX_JSON_BYTES >> 20} MB a settings file may have.")
         parts.append(f"{path.name}:{file_digest(str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def parameter_count(name: str, size: int | None, files: tuple[tuple[str, int, int], ...]) -> int:
-    """Parameters of what would be loaded, counted without building it: the architecture on the meta
-    device, the checkpoint files from their headers (``files``: (path, size, mtime_ns)); the larger."""
-    counts = [serving.checkpoint_parameters(tuple(Path(f) for f, _, _ in files))] if files else []
-    if family_of_name(name) is None:  # a timm architecture (a family's folder is counted from its files)
-        counts.append(serving.architecture_parameters(name, size))
-    return max(counts)
+def parameter_count(name: str, size: int | None, checkpoint: str | None, files: tuple[tuple[str, int, int, int], ...]) -> int:
+    """Parameters of what would be loaded, counted without building it (:func:`attnviz.serving.model_parameters`);
+    cached by the files' (path, size, mtime_ns, inode), so a file replaced in place is counted again."""
+    return serving.model_parameters(name, size, None if checkpoint is None else Path(checkpoint))
 
 
 def model_folder(name: str | None) -> str | None:
@@ -150,18 +156,21 @@ def model_folder(name: str | None) -> str | None:
     return None if family is None else family.spec(name)
 
 
+def model_files(settings: Settings) -> tuple[Path, ...]:
+    """The files the chosen model is made of: its checkpoint, or what its family loads from its folder."""
+    family = family_of_name(settings.name)
+    if family is not None:
+        return () if family.files is None else family.files(family.spec(settings.name))
+    return () if settings.checkpoint is None else (Path(settings.checkpoint),)
+
+
 def check_budget(settings: Settings, limit: int) -> None:
     """Refuse (OverBudget) anything over the owner's parameter budget before any memory is allocated."""
     if settings.name is None:
         return  # the offline default: 22 M parameters
-    checkpoint = None if settings.checkpoint is None else Path(settings.checkpoint)
-    if (folder := model_folder(settings.name)) is not None:
-        checkpoint = Path(folder)
-    files = ()
-    if checkpoint is not None:
-        paths = sorted(checkpoint.glob("*.safetensors")) if checkpoint.is_dir() else [checkpoint]
-        files = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths if p.is_file())
-    count = parameter_count(settings.name, settings.size, files)
+    stats = [(str(p), s.st_size, s.st_mtime_ns, s.st_ino) for p in model_files(settings) if p.exists()
+             for s in [weightfiles.regular_file(p)]]  # a file removed since it was listed: the count says so
+    count = parameter_count(settings.name, settings.size, settings.checkpoint, tuple(stats))
     serving.check_budget(settings.label or settings.name, count, limit)
 
 

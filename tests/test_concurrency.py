@@ -86,9 +86,14 @@ def test_tiny_model_many_rounds_no_crossing(tiny):
     assert hooks_on(tiny.network) == installed(tiny)
 
 
-def test_a_failed_forward_pass_leaves_no_capture_running(tiny):
-    with pytest.raises(RuntimeError):
-        attnviz.capture_tensor(tiny, torch.zeros(1, 5, 32, 32))  # wrong channel count: fails inside the model
+def test_a_failed_forward_pass_leaves_no_capture_running(tiny, monkeypatch):
+    def out_of_memory(x):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(tiny.network.blocks[1], "forward", out_of_memory)  # fails inside the model, mid-way
+    with pytest.raises(RuntimeError, match="out of memory"):
+        attnviz.capture_tensor(tiny, torch.zeros(1, 3, 32, 32))
+    monkeypatch.undo()
     assert tiny.tap.current is None and hooks_on(tiny.network) == installed(tiny)
     attnviz.capture(tiny, photo(32, 32))  # and the model still works afterwards
     assert tiny.tap.current is None and hooks_on(tiny.network) == installed(tiny)

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -13,7 +14,7 @@ from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 import attnviz
-from attnviz import Capture, capture, cli, dataset, load_photo
+from attnviz import Capture, capture, cli, dataset, load_photo, runfiles
 from attnviz.dataset import RunConfig, read_run, run_local
 
 from conftest import ASSETS, tiny_vit
@@ -50,7 +51,7 @@ def test_folder_walk_and_list_file(folder, tmp_path):
     listing.rename(folder.parent / "list.txt")
     listed = dataset.list_images(folder.parent / "list.txt")
     assert listed == [str(folder / "cat.jpg"), str(folder / "missing.png")]  # relative to the list; repeats once
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(attnviz.RunError, match="does not exist; name a folder of photos or a list file"):
         dataset.list_images(tmp_path / "nowhere")
 
 
@@ -154,8 +155,17 @@ def test_a_batch_cut_between_its_parts_is_redone_once(folder, clean_run, small_m
     assert pq.read_table(next((out / "heads").glob("part-*.parquet"))).num_rows == 4 * 72
     resumed = run_local(folder, out, CONFIG, batch=5, progress=False, model=small_model)
     assert (resumed.skipped, resumed.images) == (1, 4)  # the errors row had landed
-    assert len(list((out / "heads").glob("part-*.parquet"))) == 2
+    assert len(list((out / "heads").glob("part-*.parquet"))) == 1  # the orphan was removed before the redo
+    heads = pads.dataset(out / "heads", format="parquet").to_table().to_pandas()  # any Parquet reader
+    assert len(heads) == 4 * 72 and not heads.duplicated(["path", "layer", "head"]).any()
     same_tables(read_run(out), clean_run[1])
+
+
+def test_the_tables_have_the_schemas_the_page_checks(clean_run):
+    """attnviz.runfiles checks a run's parts against these schemas: what the engine writes must pass."""
+    _, tables = clean_run
+    for name, schema in runfiles.SCHEMAS.items():
+        assert getattr(tables, name).schema.equals(schema), name
 
 
 def test_a_rerun_with_other_settings_is_refused(folder, tmp_path, capsys, small_model):

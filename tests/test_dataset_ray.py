@@ -1,6 +1,9 @@
 """The ray engine gives the local engine's tables, resumes, and keeps Ray's start-up cost to one small cluster."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -43,5 +46,21 @@ def test_both_engines_give_equal_tables(cluster, folder, tmp_path):
     again = dataset_ray.run_ray(listing, tmp_path / "ray", CONFIG, batch=2, cpus_per_worker=1, progress=False)
     assert (again.skipped, again.images, again.errors) == (1, 0, 1)
     gone = read_run(tmp_path / "ray").errors.to_pylist()
-    assert [row["error_key"] for row in gone] == ["not_read", "unreadable"]
+    assert [row["error_key"] for row in gone] == ["file_missing", "unreadable"]
     assert gone[0]["path"].endswith("gone.png")
+
+
+def test_both_engines_read_the_same_file_names_and_refuse_the_same_files(cluster, folder, tmp_path):
+    """A newline in a name (Ray's own file reader could not open it), a FIFO (it would block a reader)."""
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    shutil.copy(folder / "cat.jpg", odd / "new\nline.jpg")
+    shutil.copy(folder / "more" / "gradient.png", odd / "spaces, ünïcode & #1.png")
+    os.mkfifo(odd / "pipe.jpg")
+    local = run_local(odd, tmp_path / "local", CONFIG, progress=False)
+    on_ray = dataset_ray.run_ray(odd, tmp_path / "ray", CONFIG, batch=2, cpus_per_worker=1, progress=False)
+    assert (on_ray.images, on_ray.errors) == (local.images, local.errors) == (2, 1)
+    a, b = read_run(tmp_path / "local"), read_run(tmp_path / "ray")
+    same_tables(a, b, tol=1e-5)
+    assert str(odd / "new\nline.jpg") in b.images["path"].to_pylist()
+    assert b.errors.to_pylist()[0]["error_key"] == "file_not_regular"

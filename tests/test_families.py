@@ -219,3 +219,21 @@ def test_a_new_family_is_one_registration(monkeypatch):
     assert float((plain - reference[1]).abs().max()) > 0.05
     with torch.no_grad():
         assert torch.equal(cap.output, network(x)[0])
+
+
+def test_a_family_that_loads_says_how_to_count_what_it_loads(monkeypatch):
+    """The budget counts every way a model arrives: a family's loader comes with its own count, and a
+    family without one is refused by the budget rather than loaded uncounted."""
+    from attnviz import serving
+
+    with pytest.raises(ValueError, match="parameters and files describe what its loader loads"):
+        Family("counted", lambda network, size: None, recognises=lambda network: False, parameters=lambda s, z: 0)
+    attnviz.adapters.families()
+    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
+    register(Family("uncounted", lambda network, size: None, recognises=lambda network: False,
+                    prefix="uncounted:", load=lambda spec, size, device: {}))
+    with pytest.raises(ModelError, match=r"^uncounted:x: the uncounted family cannot count its parameters before "
+                                         r"loading, so it cannot be checked against a budget\.$"):
+        serving.model_parameters("uncounted:x")
+    hf = attnviz.adapters.family_of_name("hf:folder")
+    assert hf.parameters is not None and hf.files is not None  # Hugging Face counts from config.json

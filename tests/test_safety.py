@@ -59,7 +59,7 @@ def test_a_pickle_renamed_safetensors_is_not_unpickled(tmp_path):
     marker = tmp_path / "code_ran"
     path = tmp_path / "evil.safetensors"
     path.write_bytes(pickle.dumps({"state": _Payload(marker)}))
-    with pytest.raises(attnviz.ModelError, match=r"evil\.safetensors does not fit vit_tiny_patch16_224"):
+    with pytest.raises(attnviz.ModelError, match=r"^evil\.safetensors is not a safetensors file\.$"):
         attnviz.load_model("vit_tiny_patch16_224", checkpoint=path, device="cpu")
     assert not marker.exists()
 

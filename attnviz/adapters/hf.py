@@ -8,18 +8,24 @@ query = q_proj(h), key = k_proj(h), split into heads, and hand them to the atten
 the model runs its fast SDPA path while we read them.
 
 Loading (:func:`load`) is offline and never unpickles: a local folder or the local Hugging Face
-cache, ``model.safetensors`` only; preprocessing comes from the folder's ``preprocessor_config.json``
-and class names from ``config.id2label``.
+cache, ``model.safetensors`` (or its shards) only; preprocessing comes from the folder's
+``preprocessor_config.json`` and class names from ``config.id2label``. Before anything is allocated
+(:func:`plan`) the network is built from ``config.json`` on the meta device, so its parameters are
+counted for a server's budget, and a folder whose files do not give every tensor it needs is refused.
 """
 from __future__ import annotations
 
-import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from ..errors import ModelError
+from .. import weightfiles
+from ..errors import IncompleteWeights, ModelError
 from .base import Adapter, check_square_size
 from .registry import Family, register
 from .tap import Recorder, Tap
@@ -109,13 +115,28 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
 
 
 # ---- loading a folder -------------------------------------------------------------------------
+# Everything is read and checked before a single weight is allocated: config.json (bounded numbers),
+# the safetensors headers (checked against their bytes), the network built from the config on the meta
+# device, and whether the files give every tensor it needs. Only then does transformers load it.
+
+MAX_LAYERS = 512  # each layer is a few Python modules even on the meta device
+MAX_WIDTH = 65_536  # hidden_size, intermediate_size
+MAX_HEADS = 1024
+MAX_PIXELS = 8192  # image_size, preprocessing sizes
+MAX_LABELS = 100_000  # a classifier's classes (config.json builds one name per class)
+BOUNDS = {"hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "num_hidden_layers": MAX_LAYERS,
+          "num_attention_heads": MAX_HEADS, "image_size": MAX_PIXELS, "patch_size": MAX_PIXELS,
+          "num_channels": 4, "num_register_tokens": 1024}
 
 
-def resolve(spec: str) -> tuple[Path, str]:
-    """A local folder, or a repo id's snapshot in the local Hugging Face cache; never the network."""
+def resolve(spec: str) -> tuple[Path, str, str]:
+    """A local folder, or a repo id's snapshot in the local Hugging Face cache; never the network.
+
+    Returns the folder, where it came from in words, and the name a visitor may see (no server path).
+    """
     folder = Path(spec).expanduser()
     if folder.is_dir():
-        return folder, f"Hugging Face folder {folder}"
+        return folder, f"Hugging Face folder {folder.name}", f"{PREFIX}{folder.name}"
     if folder.exists():
         raise ModelError(f"{PREFIX}{spec} is a file; give the folder that holds config.json and model.safetensors.")
     try:
@@ -129,32 +150,79 @@ def resolve(spec: str) -> tuple[Path, str]:
             f"There is no folder {spec} and no Hugging Face model {spec!r} in the local cache "
             "(attnviz loads Hugging Face checkpoints offline)."
         )
-    return Path(found).parent, f"Hugging Face cache {spec}"
+    return Path(found).parent, f"Hugging Face cache {spec}", f"{PREFIX}{spec}"
+
+
+def reason(error: Exception) -> str:
+    """An exception from transformers as the end of one sentence: its type and first line."""
+    first = (str(error).strip().splitlines() or [""])[0][:160].rstrip(" .")
+    return f"{type(error).__name__}: {first}." if first else f"{type(error).__name__}."
 
 
 def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{path.name} in {path.parent} cannot be read: {type(e).__name__}.") from e
+    return weightfiles.read_json(path)
 
 
-def architecture(folder: Path) -> str:
-    config = folder / "config.json"
-    if not config.is_file():
-        raise ModelError(f"{folder} has no config.json, so it is not a Hugging Face model folder.")
-    archs = read_json(config).get("architectures") or []
+def architecture(folder: Path, settings: dict) -> str:
+    archs = settings.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ModelError(f"config.json in {folder.name} gives architectures as {archs!r:.60}, not a list of names.")
     if "CLIPModel" in archs:
         return "CLIPVisionModel"  # the vision tower of a full CLIP checkpoint
     for arch in archs:
         if arch in ARCHITECTURES:
             return arch
-    raise ModelError(f"{folder.name} holds a {', '.join(archs) or 'model of unknown type'}; attnviz reads {SUPPORTED}.")
+    raise ModelError(f"{folder.name} holds a {', '.join(archs)[:200] or 'model of unknown type'}; attnviz reads {SUPPORTED}.")
 
 
-def check_weights(folder: Path) -> None:
-    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
-        return
+def vision_settings(arch: str, settings: dict) -> dict:
+    """The part of config.json that describes the vision network (a full CLIP's vision_config)."""
+    if arch.startswith("CLIP") and settings.get("model_type") == "clip":
+        vision = settings.get("vision_config")
+        if not isinstance(vision, dict):
+            raise ModelError("config.json of a CLIP model has no vision_config object.")
+        return vision
+    return settings
+
+
+def check_settings(name: str, vision: dict) -> None:
+    """Every size config.json gives is a whole number in range: a hostile config cannot make the meta
+    build itself take minutes (a million layers) or crash (a size of "x")."""
+    for key, limit in BOUNDS.items():
+        value = vision.get(key)
+        if value is None:
+            continue
+        sides = value if key in ("image_size", "patch_size") and isinstance(value, list) and len(value) == 2 else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= limit for v in sides):
+            raise ModelError(f"config.json in {name} gives {key} as {value!r:.40}, not a whole number from 1 to {limit:,}.")
+    labels = vision.get("id2label")
+    classes = vision.get("num_labels", len(labels) if isinstance(labels, dict) else None)
+    if labels is not None and not isinstance(labels, dict):
+        raise ModelError(f"config.json in {name} gives id2label as {labels!r:.40}, not an object of class names.")
+    if classes is not None and not (isinstance(classes, int) and not isinstance(classes, bool) and 0 <= classes <= MAX_LABELS):
+        raise ModelError(f"config.json in {name} gives {classes!r:.40} classes, not a whole number up to {MAX_LABELS:,}.")
+    if isinstance(labels, dict) and len(labels) > MAX_LABELS:
+        raise ModelError(f"config.json in {name} names {len(labels):,} classes, more than {MAX_LABELS:,}.")
+
+
+def weight_files(folder: Path) -> tuple[Path, ...]:
+    """The safetensors files transformers loads from ``folder``: model.safetensors, or the shards its
+    index names (each a plain file name inside the folder). Pickled formats are refused unread."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if os.path.lexists(single):
+        weightfiles.regular_file(single)
+        return (single,)
+    if os.path.lexists(index):
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelError(f"{index.name} in {folder.name} has no weight_map naming its shards.")
+        shards = set(weight_map.values())
+        for shard in shards:
+            if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
+                raise ModelError(f"{index.name} in {folder.name} names the shard {shard!r:.60}, "
+                                 "not a .safetensors file inside the folder.")
+            weightfiles.regular_file(folder / shard)
+        return tuple(sorted(folder / shard for shard in shards))
     pickled = [name for name in PICKLES if (folder / name).exists()]
     if pickled:
         raise ModelError(
@@ -164,66 +232,207 @@ def check_weights(folder: Path) -> None:
     raise ModelError(f"{folder.name} has no model.safetensors.")
 
 
+def files(spec: str) -> tuple[Path, ...]:
+    """Every file whose bytes make up model ``hf:<spec>`` (what a cache key of its content is made of)."""
+    folder = Path(spec).expanduser()
+    settings = [folder / name for name in ("config.json", "preprocessor_config.json", "model.safetensors.index.json")]
+    return (*[p for p in settings if p.is_file()], *weight_files(folder))
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """What ``hf:<spec>`` is, read and checked before any weight is allocated."""
+
+    folder: Path
+    origin: str  # where it came from, in words
+    public_name: str  # the name a visitor may see: never a server path
+    arch: str
+    config: object  # the transformers config the network is built from
+    network: torch.nn.Module = field(repr=False)  # built on the meta device: shapes, no memory
+    files: tuple[Path, ...]
+    held: dict = field(repr=False)  # name → shape of every tensor in the files
+
+    @property
+    def parameters(self) -> int:
+        """The larger of what the config describes and what the files hold."""
+        return max(sum(p.numel() for p in self.network.parameters()), weightfiles.count(self.held))
+
+    def coverage(self) -> weightfiles.Coverage:
+        network = self.network
+        prefix = network.base_model_prefix
+        ignored = [re.compile(p) for p in (getattr(network, "_keys_to_ignore_on_load_missing", None) or ())]
+        tied = set(getattr(network, "all_tied_weights_keys", None) or ())
+        needed = {k: v for k, v in weightfiles.expected(network).items()
+                  if k not in tied and not any(p.search(k) for p in ignored)}
+
+        def aliases(name: str) -> list[str]:
+            # transformers adds or strips the base model's prefix (a ViTModel from a classifier's file)
+            names = [name, f"{prefix}.{name}"]
+            return names + ([name[len(prefix) + 1:]] if prefix and name.startswith(prefix + ".") else [])
+
+        return weightfiles.uncovered(needed, loaded_names(network, self.held), aliases)
+
+
+def loaded_names(network: torch.nn.Module, held: dict) -> dict:
+    """The files' tensors under the names transformers loads them as: checkpoints keep their original
+    names (``encoder.layer.0.attention.attention.query``) and transformers renames them into the
+    network's (``layers.0.attention.q_proj``) with its conversion mapping, which this applies to the
+    names alone. A tensor a converter splits or merges has no shape here (None): it is reshaped."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    except ImportError:  # another transformers: the names as they are (the load itself checks again)
+        return dict(held)
+    mapping = get_model_conversion_mapping(network)
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    meta, prefix, names = network.state_dict(), network.base_model_prefix, {}
+    for key, shape in held.items():
+        renamed, pattern = rename_source_key(key, renamings, converters, prefix, meta)
+        if renamed not in meta and key in meta:  # as transformers does: the key was already the network's
+            renamed, pattern = rename_source_key(key, [], [], prefix, meta)
+        if pattern is None:
+            names[renamed] = shape
+            continue
+        targets = next(c for c in converters if pattern in c.source_patterns).target_patterns
+        for target in targets:  # one tensor becomes several (a fused qkv into q, k and v)
+            names[renamed.replace(targets[0], target)] = None
+    return names
+
+
+def plan(spec: str) -> Plan:
+    folder, origin, public_name = resolve(spec)
+    config_path = folder / "config.json"
+    if not os.path.lexists(config_path):
+        raise ModelError(f"{folder.name} has no config.json, so it is not a Hugging Face model folder.")
+    settings = read_json(config_path)
+    arch = architecture(folder, settings)
+    vision = vision_settings(arch, settings)
+    check_settings(folder.name, vision)
+    weights = weight_files(folder)
+    held = weightfiles.tensors_of(weights)
+    import transformers
+
+    cls = getattr(transformers, arch)
+    try:
+        config = cls.config_class.from_dict(vision)
+        with torch.device("meta"), weightfiles.skip_meta_init():
+            network = cls(config)
+    except Exception as e:  # a config transformers cannot build: one sentence
+        raise ModelError(f"config.json in {folder.name} does not describe a {arch} that can be built: {reason(e)}") from e
+    return Plan(folder, origin, public_name, arch, config, network, weights, held)
+
+
+def parameters(spec: str, size: int | None) -> int:
+    """Parameters of ``hf:<spec>``, counted on the meta device and from the safetensors headers."""
+    return plan(spec).parameters
+
+
 def data_config(folder: Path, image_size: int) -> tuple[dict, str]:
     """The folder's preprocessor_config.json as timm's data_config, and a note on where it came from.
 
     Hugging Face resizes either the shorter side to ``shortest_edge`` (then centre-crops) or the
     whole photo to height × width (then optionally centre-crops); timm says the same with
-    ``crop_pct`` = crop / resize and ``crop_mode`` = "center" or "squash".
+    ``crop_pct`` = crop / resize and ``crop_mode`` = "center" or "squash". Anything else it may say
+    is refused in one sentence rather than guessed.
     """
     path = folder / "preprocessor_config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         cfg = dict(input_size=(3, image_size, image_size), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
                    interpolation="bicubic", crop_pct=1.0, crop_mode="center")
         return cfg, "no preprocessor_config.json: ImageNet mean/std assumed"
     p = read_json(path)
-    if p.get("do_rescale", True) and abs(p.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-9:
-        raise ModelError(f"{path.name} rescales pixels by {p['rescale_factor']}, not 1/255, which attnviz does not reproduce.")
-    size = p.get("size") or {}
-    if isinstance(size, int):
-        size = {"shortest_edge": size}
-    crop = p.get("crop_size") or {}
-    if isinstance(crop, int):
-        crop = {"height": crop, "width": crop}
-    if size.get("height", 0) != size.get("width", 0) or crop.get("height", 0) != crop.get("width", 0):
-        raise ModelError(f"{path.name} asks for a non-square input, and attnviz needs a square one.")
-    resize = size.get("shortest_edge") or size.get("height") or image_size
-    do_crop = bool(p.get("do_center_crop", False)) and bool(crop)
-    side = crop["height"] if do_crop else resize
+    factor = p.get("rescale_factor", 1 / 255)
+    if p.get("do_rescale", True) and (not _number(factor) or abs(factor - 1 / 255) > 1e-9):
+        raise ModelError(f"{path.name} rescales pixels by {factor!r:.40}, not 1/255, which attnviz does not reproduce.")
+    size, shortest = _square(path.name, "size", p.get("size"), shortest_edge=True)
+    crop, _ = _square(path.name, "crop_size", p.get("crop_size"), shortest_edge=False)
+    resize = size or image_size
+    do_crop = bool(p.get("do_center_crop", False)) and crop is not None
+    side = crop if do_crop else resize
     normalise = p.get("do_normalize", True)
+    resample = p.get("resample", 2)
+    if isinstance(resample, bool) or not isinstance(resample, int) or resample not in RESAMPLE:
+        raise ModelError(f"{path.name} gives resample as {resample!r:.40}, not a PIL filter number from 0 to 5.")
     cfg = dict(
         input_size=(3, side, side),
-        mean=tuple(p.get("image_mean", (0.5, 0.5, 0.5))) if normalise else (0.0, 0.0, 0.0),
-        std=tuple(p.get("image_std", (0.5, 0.5, 0.5))) if normalise else (1.0, 1.0, 1.0),
-        interpolation=RESAMPLE.get(int(p.get("resample", 2)), "bilinear"),
+        mean=_channels(path.name, "image_mean", p.get("image_mean", 0.5), positive=False) if normalise else (0.0,) * 3,
+        std=_channels(path.name, "image_std", p.get("image_std", 0.5), positive=True) if normalise else (1.0,) * 3,
+        interpolation=RESAMPLE[resample],
         crop_pct=side / resize,
-        crop_mode="center" if "shortest_edge" in size else "squash",
+        crop_mode="center" if shortest else "squash",
     )
     return cfg, f"preprocessing from {path.name}"
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _pixels(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PIXELS
+
+
+def _square(file: str, key: str, value, shortest_edge: bool) -> tuple[int | None, bool]:
+    """A preprocessing size as (side, whether it is the shorter side), or one sentence.
+
+    Accepted: a number, {"height": n, "width": n} and, for ``size``, {"shortest_edge": n}.
+    """
+    if value is None or value == {}:
+        return None, False
+    if _pixels(value):
+        return value, shortest_edge
+    if isinstance(value, dict):
+        if shortest_edge and set(value) == {"shortest_edge"} and _pixels(value["shortest_edge"]):
+            return value["shortest_edge"], True
+        if set(value) == {"height", "width"} and _pixels(value["height"]) and _pixels(value["width"]):
+            if value["height"] != value["width"]:
+                raise ModelError(f"{file} asks for a non-square {key}, and attnviz needs a square input.")
+            return value["height"], False
+    forms = '{"shortest_edge": n} or {"height": n, "width": n}' if shortest_edge else '{"height": n, "width": n}'
+    raise ModelError(f"{file} gives {key} as {value!r:.60}, which attnviz does not read (it reads a number or {forms}).")
+
+
+def _channels(file: str, key: str, value, positive: bool) -> tuple[float, float, float]:
+    values = [value] * 3 if _number(value) else value
+    if (not isinstance(values, list) or len(values) != 3 or not all(_number(v) for v in values)
+            or (positive and not all(v > 0 for v in values))):
+        raise ModelError(f"{file} gives {key} as {value!r:.60}, not three {'positive ' if positive else ''}numbers.")
+    return tuple(float(v) for v in values)
+
+
 def load(spec: str, size: int | None, device: torch.device) -> dict:
-    """Everything :class:`attnviz.Model` needs from ``hf:<spec>``, read offline and without pickles."""
-    folder, origin = resolve(spec)
-    arch = architecture(folder)
-    check_weights(folder)
+    """Everything :class:`attnviz.Model` needs from ``hf:<spec>``, read offline and without pickles.
+
+    A folder whose files do not give every tensor the config describes is refused before anything is
+    allocated (:class:`attnviz.errors.IncompleteWeights`), never filled with random values.
+    """
+    p = plan(spec)
+    p.coverage().check(p.folder.name, p.arch)
     import transformers
 
     try:
-        network = getattr(transformers, arch).from_pretrained(
-            folder, use_safetensors=True, local_files_only=True, attn_implementation="sdpa", dtype=torch.float32
+        network, info = getattr(transformers, p.arch).from_pretrained(
+            p.folder, config=p.config, use_safetensors=True, local_files_only=True, attn_implementation="sdpa",
+            dtype=torch.float32, output_loading_info=True,
         )
     except Exception as e:  # transformers raises many kinds; the page needs one sentence
-        raise ModelError(f"Could not load {folder.name} as {arch}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+        raise ModelError(f"Could not load {p.folder.name} as {p.arch}: {reason(e)}") from e
+    unfilled = sorted({*info.get("missing_keys", ()), *(k[0] for k in info.get("mismatched_keys", ()))})
+    if unfilled:  # the check above reads names as transformers does; should they ever differ, still refuse
+        raise IncompleteWeights(
+            f"{p.folder.name} does not give {len(unfilled)} of the tensors {p.arch} needs (e.g. {unfilled[0]}); "
+            "attnviz does not fill missing weights with random values.", missing=len(unfilled))
     config = network.config
-    cfg, note = data_config(folder, config.image_size)
+    cfg, note = data_config(p.folder, config.image_size if isinstance(config.image_size, int) else config.image_size[0])
     size = cfg["input_size"][-1] if size is None else size
     cfg["input_size"] = (3, size, size)
     labels = None
-    if "Classification" in arch:
+    if "Classification" in p.arch:
         labels = tuple(str(config.id2label.get(i, f"class {i}")) for i in range(config.num_labels))
-    return dict(network=network, name=f"{PREFIX}{spec}", provenance=f"{origin} ({arch}; {note})", size=size,
-                data_config=cfg, labels=labels)
+    return dict(network=network, name=f"{PREFIX}{spec}", public_name=p.public_name,
+                provenance=f"{p.origin} ({p.arch}; {note})", size=size, data_config=cfg, labels=labels)
 
 
-FAMILY = register(Family("Hugging Face", adapter, recognises=is_hf, prefix=PREFIX, load=load))
+FAMILY = register(Family("Hugging Face", adapter, recognises=is_hf, prefix=PREFIX, load=load,
+                         parameters=parameters, files=files))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -25,10 +26,16 @@ class Family:
     recognises: Callable[[torch.nn.Module], bool] | None = None  # for networks of another shape (Hugging Face)
     prefix: str | None = None  # load_model("<prefix><spec>") is loaded by ``load``, e.g. "hf:"
     load: Callable[[str, int | None, torch.device], dict] | None = None  # spec → Model's fields, ``network`` first
+    # For a family with a loader: the parameters ``load`` would build, counted without allocating them
+    # (the meta device, weight-file headers), for a server's budget; and the files that make up a model.
+    parameters: Callable[[str, int | None], int] | None = None  # (spec, size) → parameters
+    files: Callable[[str], tuple[Path, ...]] | None = None  # spec → every file whose bytes make it up
 
     def __post_init__(self) -> None:
         if (self.prefix is None) != (self.load is None):
             raise ValueError(f"family {self.name!r}: a name prefix and a loader come together")
+        if self.load is None and (self.parameters is not None or self.files is not None):
+            raise ValueError(f"family {self.name!r}: parameters and files describe what its loader loads")
         if not self.attention and self.recognises is None:
             raise ValueError(f"family {self.name!r} needs attention classes or a recognises function")
 

@@ -10,7 +10,7 @@ block's own modules and returns the attention weights inside the autograd graph.
 from __future__ import annotations
 
 import torch
-from timm.layers import Attention
+from timm.layers import Attention, HybridEmbed, PatchEmbed
 from timm.models.vision_transformer import Block
 
 from ..errors import ModelError, RelevanceError
@@ -28,6 +28,8 @@ def layout(network: torch.nn.Module, size: int) -> dict:
             "NaFlexViT masks its attention over padded patches, which attnviz cannot reproduce exactly yet."
         )
     embed = network.patch_embed
+    if type(embed) is not PatchEmbed:
+        raise ModelError(token_layout_refusal(network))
     patch = embed.patch_size[0] if isinstance(embed.patch_size, (tuple, list)) else int(embed.patch_size)
     if isinstance(embed.patch_size, (tuple, list)) and embed.patch_size[0] != embed.patch_size[1]:
         raise ModelError(f"{type(network).__name__} has non-square {embed.patch_size} patches, which attnviz cannot lay on a grid.")
@@ -46,6 +48,17 @@ def layout(network: torch.nn.Module, size: int) -> dict:
         num_prefix_tokens=network.num_prefix_tokens,
         has_class_token=getattr(network, "cls_token", None) is not None,
     )
+
+
+def token_layout_refusal(network: torch.nn.Module) -> str:
+    """Why attnviz cannot tell which part of the photo each token of ``network`` is, in one sentence."""
+    net, embed = type(network).__name__, network.patch_embed
+    if isinstance(embed, HybridEmbed):  # the hybrid ViTs (vit_*_r*_s*), ViTamin: a CNN before the blocks
+        stem = type(getattr(embed, "backbone", None)).__name__
+        return (f"{net} makes its tokens with a convolutional stem ({stem}), so each token is not one square patch "
+                "of the photo; attnviz refuses it rather than lay attention on the wrong part of the picture.")
+    return (f"{net} makes its tokens with {type(embed).__name__}, not timm's PatchEmbed, so attnviz cannot tell "
+            "which part of the photo each token is and refuses it rather than guess.")
 
 
 def eager_block(block: Block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,9 @@
 """Dataset page: a run of ``attnviz dataset`` — every head over many photos, and one head's photos.
 
 The runs come only from the folder the server's owner names in ``ATTNVIZ_DATASETS``: a browser never
-types a path on the server. Every number is read from the run's tables (:mod:`attnviz.dataset`).
+types a path on the server. Every file of a run is checked before it is used
+(:func:`attnviz.runfiles.open_run`): a damaged part is left out with one sentence naming it, a run
+that cannot be shown at all says why in one sentence, and the other runs still open.
 """
 from __future__ import annotations
 
@@ -18,28 +20,35 @@ with startup.importing():
     import pandas as pd
 
     from attnviz_app import ui
-    from attnviz import dataset, render
+    from attnviz import dataset, i18n, render, runfiles
+    from attnviz.adapters import family_of_name
+    from attnviz.errors import RunFileError
     from attnviz.images import ImageError
     from attnviz.models import ModelError
+    from attnviz_app.settings import Settings
     from attnviz_app.text import t
 
 ROOT_VARIABLE = "ATTNVIZ_DATASETS"
 SAMPLE_IMAGES = 200  # per-image points sent to the browser: the chart stays light on big runs
 SHOWN = 6  # photos shown for the chosen head
 CAPTURE_ENTRIES = 12
+RUN_ENTRIES = 4  # runs kept read: each at most runfiles.MAX_RUN_ROWS compact rows (~56 MB)
+LEFT_OUT_SHOWN = 3  # sentences about left-out files; the rest are counted
+ERRORS_SHOWN = 500  # rows of the errors table drawn (each is translated on every run)
 
 
-@st.cache_data(show_spinner=False, max_entries=4)
-def tables(out: str, _signature: tuple) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    # Keyed by the folder and its parts' signature, so a run that is still growing is read again.
-    run = dataset.read_run(out)
-    return run.heads.to_pandas(), run.images.to_pandas(), run.errors.to_pandas()
+@st.cache_resource(show_spinner=False, max_entries=RUN_ENTRIES)
+def opened(out: str, _signature: tuple) -> tuple[runfiles.OpenedRun, pd.DataFrame]:
+    # Keyed by the folder and its parts' signature, so a run that is still growing is read again. Shared
+    # by every session and never changed: the heads frame is the compact one (28 bytes a row).
+    run = runfiles.open_run(out)
+    return run, run.heads.to_pandas()
 
 
 @st.cache_resource(show_spinner=False, max_entries=CAPTURE_ENTRIES)
-def reopened(out: str, path: str, digest: str, config_json: str, _model):
-    config = json.loads(config_json)
-    return dataset.reopen(_model, path, digest, config["fit"], Path(out) / "captures")
+def reopened(out: str, path: str, digest: str, fit: str, model_key: tuple, _model):
+    # model_key: the run's (model, size, checkpoint), so a run.json edited by hand is a new entry
+    return dataset.reopen(_model, path, digest, fit, Path(out) / "captures")
 
 
 def scatter(summary: pd.DataFrame, per_image: pd.DataFrame) -> alt.LayerChart:
@@ -70,16 +79,75 @@ def scatter(summary: pd.DataFrame, per_image: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(photos, heads).properties(height=420)
 
 
+def lang() -> str:
+    return st.session_state.get("lang") or i18n.DEFAULT
+
+
+def said(key: str, values: dict, markdown: bool = True) -> str:
+    """A run file's problem (``dataset.<key>``) in the reader's language; names as file names only."""
+    values = dict(values)
+    if isinstance(values.get("name"), str):
+        values["name"] = Path(values["name"]).name if os.path.isabs(values["name"]) else values["name"]
+    if markdown:
+        values = {k: ui.escape_markdown(v) if isinstance(v, str) and k not in ("kind", "expected") else v
+                  for k, v in values.items()}
+    return runfiles.sentence(lang(), key, values)
+
+
+def problem_text(error: RunFileError) -> str:
+    return said(error.key, error.values)
+
+
 def error_text(row: dict) -> str:
     """An errors row in the reader's language (the English sentence when the reason is not catalogued)."""
-    values = json.loads(row["error_values"] or "{}")
-    values["name"] = Path(values.get("name", row["path"])).name
     try:
-        if row["error_key"] in ("not_read", "unusable"):
-            return t(f"dataset.{row['error_key']}", **values)
-        return t(f"images.{row['error_key']}", **{**values, "formats": t("images.formats")})
-    except (KeyError, IndexError):
+        values = json.loads(row["error_values"] or "{}")
+        values["name"] = Path(values.get("name", row["path"])).name
+        key = row["error_key"]
+        if key in ("not_read", "unusable") or key.startswith("file_"):
+            return said(key, values, markdown=False)
+        return t(f"images.{key}", **{**values, "formats": t("images.formats")})
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError):
         return row["error"]
+
+
+def shown_model(info: runfiles.RunInfo) -> str:
+    """The run's model as a visitor may see it: no path on the server (a folder by its name only)."""
+    name = info.model_name or info.model
+    if not name:
+        return t("model.default_label")
+    family = family_of_name(name)
+    if family is not None and os.path.isabs(family.spec(name)):
+        return f"{family.prefix}{Path(family.spec(name)).name}"
+    return Path(name).name if os.path.isabs(name) else name
+
+
+def run_model(info: runfiles.RunInfo):
+    """The run's model, checked like the Model box's: the checkpoint a regular file, the owner's budget
+    before any memory is allocated; then cached by the checkpoint's content. ModelError or RunFileError."""
+    checkpoint = info.checkpoint
+    content = None
+    if checkpoint:
+        shown = Path(checkpoint).name
+        stat = runfiles.check_file(checkpoint, None, shown)  # never hash a FIFO or /dev/zero
+        settings = Settings(info.model, info.size, checkpoint, "cpu", info.fit, label=info.model or shown)
+        ui.check_budget(settings, ui.owner_policy().max_params)  # bounds what is hashed below
+        content = ui.file_digest(checkpoint, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    elif info.model:
+        ui.check_budget(Settings(info.model, info.size, None, "cpu", info.fit, label=shown_model(info)),
+                        ui.owner_policy().max_params)
+    return ui.cached_model(info.model, info.size, checkpoint, content, "cpu")
+
+
+def model_problem(error: Exception, info: runfiles.RunInfo) -> str:
+    """Why the run's model cannot be loaded, without the server's paths."""
+    reason = problem_text(error) if isinstance(error, RunFileError) else str(error)
+    for secret in (info.checkpoint, ui.model_folder(info.model)):
+        if secret:
+            reason = reason.replace(secret, Path(secret).name)
+    if not isinstance(error, RunFileError):
+        reason = ui.escape_markdown(reason)
+    return t("dataset.map_model", reason=reason)
 
 
 st.title(t("dataset.title"))
@@ -94,37 +162,44 @@ if not runs:
 names = {str(run): run.name or str(run) for run in runs}
 out = st.selectbox(t("dataset.run"), list(names), format_func=names.get, key="dataset_run",
                    help=t("dataset.run_help", var=ROOT_VARIABLE))
-config = dataset.RunFolder(Path(out)).config()
-with st.spinner(t("dataset.loading")):
-    heads, images, errors = tables(out, dataset.signature(out))
+try:
+    with st.spinner(t("dataset.loading")):
+        run, heads = opened(out, runfiles.signature(out))
+except RunFileError as e:  # run.json unusable, or a run too large to show: this run only
+    st.error(problem_text(e))
+    st.stop()
+for error in run.left_out[:LEFT_OUT_SHOWN]:
+    st.warning(problem_text(error))
+if len(run.left_out) > LEFT_OUT_SHOWN:
+    st.warning(t("dataset.left_out_more", count=len(run.left_out) - LEFT_OUT_SHOWN))
+info, images, errors = run.info, run.images, run.errors
 
 counts, about = st.columns([1, 2])
-counts.markdown(t("dataset.counts", images=len(images), errors=len(errors)))
-if len(images):
-    fit = t(f"model.fit_{config.get('fit', 'crop')}")
-    about.markdown(t("dataset.about", model=ui.escape_markdown(config.get("model_name") or "?"), size=int(images["input_size"].iloc[0]),
-                     fit=fit))
-if images.empty:
+counts.markdown(t("dataset.counts", images=images.num_rows, errors=errors.num_rows))
+if images.num_rows:
+    about.markdown(t("dataset.about", model=ui.escape_markdown(shown_model(info)),
+                     size=images["input_size"][0].as_py(), fit=t(f"model.fit_{info.fit}")))
+if images.num_rows == 0:
     st.info(t("dataset.empty"))
     st.stop()
+paths = images["path"].to_pylist()
 
 # --- Every head over the photos ---
 st.subheader(t("dataset.scatter_header"))
 summary = dataset.head_summary(heads).assign(layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1)
-shown_paths = images["path"].sample(min(SAMPLE_IMAGES, len(images)), random_state=0)
-per_image = heads[heads["path"].isin(shown_paths)].assign(
-    layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1, name=lambda d: d["path"].map(lambda p: Path(p).name),
+shown_images = pd.Series(range(len(paths))).sample(min(SAMPLE_IMAGES, len(paths)), random_state=0)
+per_image = heads[heads["image"].isin(shown_images)].assign(
+    layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1, name=lambda d: d["image"].map(lambda i: Path(paths[i]).name),
 )[["layer", "head", "name", "distance_px", "entropy"]]
-sampled = t("dataset.sampled", count=len(shown_paths)) if len(shown_paths) < len(images) else ""
+sampled = t("dataset.sampled", count=len(shown_images)) if len(shown_images) < len(paths) else ""
 st.altair_chart(scatter(summary, per_image), width="stretch")
-st.caption(t("dataset.scatter_caption", images=len(images), sampled=sampled))
+st.caption(t("dataset.scatter_caption", images=len(paths), sampled=sampled))
 
 # --- One head's photos ---
 st.subheader(t("dataset.chosen_header"))
-num_layers, num_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
 left, middle, right = st.columns([1, 1, 3])
-layer = left.selectbox(t("dataset.layer"), range(1, num_layers + 1), index=num_layers - 1, key="dataset_layer")
-head = middle.selectbox(t("dataset.head"), range(1, num_heads + 1), key="dataset_head")
+layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), index=run.num_layers - 1, key="dataset_layer")
+head = middle.selectbox(t("dataset.head"), range(1, run.num_heads + 1), key="dataset_head")
 # The widget's key carries the language (translated labels would leave a kept radio with no choice
 # after a language switch); the choice itself is remembered without it.
 rankings = list(dataset.RANKINGS)
@@ -132,41 +207,55 @@ remembered = st.session_state.get("dataset_ranking", rankings[0])
 ranking = right.radio(t("dataset.ranking"), rankings, index=rankings.index(remembered),
                       key=f"dataset_ranking.{st.session_state['lang']}", format_func=lambda r: t(f"dataset.ranking_{r}"))
 st.session_state["dataset_ranking"] = ranking
-chosen = dataset.extremes(heads, layer - 1, head - 1, ranking, SHOWN)
+chosen = dataset.extremes(heads, (layer or 1) - 1, (head or 1) - 1, ranking, SHOWN)
 try:
     with st.spinner(t("model.loading")):
-        checkpoint = config.get("checkpoint")  # the owner's run chose it; cached by its content, like the Model box
-        stat = Path(checkpoint).stat() if checkpoint else None
-        content = ui.file_digest(checkpoint, stat.st_size, stat.st_mtime_ns, stat.st_ino) if stat else None
-        model = ui.cached_model(config.get("model"), config.get("size"), checkpoint, content, "cpu")
-except (ModelError, OSError) as e:  # the run's checkpoint may have moved since
-    st.error(t("dataset.map_model", reason=e))
+        model = run_model(info)
+except (ModelError, RunFileError) as e:  # the run's checkpoint may have moved since, or be no file at all
+    st.error(model_problem(e, info))
     st.stop()
+digests = images["digest"].to_pylist()
 with st.spinner(t("dataset.maps_loading")):
     for i, row in enumerate(chosen.itertuples()):
-        name = Path(row.path).name
+        path = paths[row.image]
+        name = ui.escape_markdown(Path(path).name)
         if i % 3 == 0:  # a new row of three: on a phone the columns stack, still in rank order
             columns = st.columns(3)
         with columns[i % 3]:
             try:
-                view, cap = reopened(out, row.path, row.digest, json.dumps(config, sort_keys=True), _model=model)
-            except (OSError, ImageError):
-                st.warning(t("dataset.map_missing", name=ui.escape_markdown(name)))
+                view, cap = reopened(out, path, digests[row.image], info.fit,
+                                     (info.model, info.size, info.checkpoint), _model=model)
+            except RunFileError as e:  # gone, or no longer a regular file of photo size
+                gone = e.key in ("file_missing", "file_loop")
+                st.warning(t("dataset.map_missing", name=name) if gone else problem_text(e))
+                continue
+            except ImageError as e:  # readable, but not a picture the model can take: the sentence names it
+                st.warning(ui.image_message(e))
                 continue
             except dataset.RunError:
-                st.warning(t("dataset.map_changed", name=ui.escape_markdown(name)))
+                st.warning(t("dataset.map_changed", name=name))
                 continue
+            except (ValueError, ModelError) as e:  # the model refuses the picture (e.g. a size it cannot take)
+                st.warning(t("dataset.map_unusable", name=name, reason=ui.escape_markdown(str(e))))
+                continue
+            if (cap.num_layers, cap.num_heads) != (run.num_layers, run.num_heads):
+                st.warning(t("dataset.model_layout", layers=run.num_layers, heads=run.num_heads,
+                             model_layers=cap.num_layers, model_heads=cap.num_heads))
+                break
             # the class token's row, or a model's stated alternative when it has no class token
             grid_map = cap.summary_map(layer - 1, head - 1)  # (h, w)
             picture = render.enlarge(render.overlay(view, grid_map), 320)
-            st.image(picture, caption=t("dataset.map_caption", name=name, distance=row.distance_px,
+            st.image(picture, caption=t("dataset.map_caption", name=Path(path).name, distance=row.distance_px,
                                         share=row.mass60_fraction), width="stretch")
 st.caption(t("dataset.maps_note", layer=layer, head=head))
 
 # --- Files the run could not use ---
-if len(errors):
-    with st.expander(t("dataset.errors_header", count=len(errors))):
+if errors.num_rows:
+    with st.expander(t("dataset.errors_header", count=errors.num_rows)):
+        rows = errors.slice(0, ERRORS_SHOWN).to_pylist()
         st.dataframe(pd.DataFrame({
-            t("dataset.error_file"): [Path(p).name for p in errors["path"]],
-            t("dataset.error_reason"): [error_text(r) for r in errors.to_dict("records")],
+            t("dataset.error_file"): [Path(r["path"]).name for r in rows],
+            t("dataset.error_reason"): [error_text(r) for r in rows],
         }), hide_index=True, width="stretch")
+        if errors.num_rows > ERRORS_SHOWN:
+            st.caption(t("dataset.errors_more", shown=ERRORS_SHOWN, count=errors.num_rows))

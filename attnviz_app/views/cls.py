@@ -65,10 +65,10 @@ def facts(ctx: Context) -> None:
     cap, model = ctx.cap, ctx.model
     h, w = cap.grid
     st.subheader(t("facts.header"))
-    # the offline default's origin in the reader's language; hub and checkpoint origins are names and paths
+    # the offline default's origin in the reader's language; other origins are names (never a server path)
     provenance = t("facts.offline_provenance") if model.provenance == offline.PROVENANCE else model.provenance
     st.markdown(t(
-        "facts.body", name=model.name, provenance=provenance, size=model.size, h=h, w=w,
+        "facts.body", name=model.public_name, provenance=provenance, size=model.size, h=h, w=w,
         prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
         heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
         device=str(model.device),
@@ -77,7 +77,8 @@ def facts(ctx: Context) -> None:
     if not top:
         st.info(t("facts.no_classes"))
         return
-    st.subheader(t("facts.top5"))
+    # a cats-vs-dogs classifier has 2 classes: all of them, not "top 5"
+    st.subheader(t("facts.top5") if len(model.labels) > len(top) else t("facts.all_classes", k=len(top)))
     table = pd.DataFrame({"class": [c for c, _ in top], "probability": [p for _, p in top]})
     chart = alt.Chart(table).mark_bar().encode(
         x=alt.X("probability:Q", scale=alt.Scale(domain=[0, 1]), title=t("facts.probability")),

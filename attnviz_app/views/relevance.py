@@ -27,7 +27,7 @@ def show(ctx: Context) -> None:
     st.markdown(t("analysis.relevance.explain"))
     top = top_classes(ctx)
     if not top:  # a self-supervised model: say what the map needs and how to get there, no dead controls
-        st.info(t("classroom.relevance_self_supervised", model=ctx.model.name), icon=":material/info:")
+        st.info(t("classroom.relevance_self_supervised", model=ctx.model.public_name), icon=":material/info:")
         return
     index, label, _ = st.radio(
         t("analysis.relevance.choose"), top, key=None, horizontal=True,
