@@ -19,7 +19,6 @@ from attnviz.adapters import family_of_name
 from attnviz.errors import HubUnavailable, ModelError
 from attnviz.images import KIND_IDS, CheckedImage, ImageError
 
-from .priority import foreground
 from .settings import Settings
 from .text import t
 
@@ -68,8 +67,7 @@ def cached_capture(
     model_key: tuple, digest: str, fit: str, _model: attnviz.Model, _image: CheckedImage
 ) -> attnviz.Capture:
     # Keyed by (model, input size, image digest, fit); the model and image themselves are not hashed.
-    with foreground().running():  # live-camera frames wait meanwhile (attnviz_app/priority.py)
-        return attnviz.capture(_model, _image.image, fit=fit)
+    return attnviz.capture(_model, _image.image, fit=fit)
 
 
 IMAGE_CACHE_ENTRIES = 16  # each at most 4704 × 587 px (attnviz.photos.read_photo): ≤ 8.3 MB
