@@ -82,8 +82,7 @@ def checked_image(digest: str, side: int, name: str, _data: bytes, _model: attnv
     and the model's decode side.
     """
     try:
-        with foreground().running():
-            return attnviz.read_photo(_data, _model, name)
+        return attnviz.read_photo(_data, _model, name)
     except ImageError as e:
         return e
 
