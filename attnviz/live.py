@@ -10,7 +10,8 @@ Two pieces, both free of any web framework:
   (layer, head, opacity, …) are one immutable object swapped whole, so a change applies from the next
   frame on without a lock or a restart. Each processor's captures run on its own thread, and capture
   records only its calling thread's pass: many viewers share one model and never see each other's
-  frames.
+  frames. On a shared server its frames make way for the visitors' photos (``priority``, ``nice``), and
+  :mod:`attnviz.live_sharing` bounds how many streams run at once.
 
 A notebook can call ``heatmap_frame(Image.open("cup.jpg"), LiveSettings(model, layer=11, head="mean"))``,
 or feed ``LiveProcessor.recv`` PIL images (or anything with ``to_image()``, such as ``av.VideoFrame``).
@@ -18,6 +19,8 @@ or feed ``LiveProcessor.recv`` PIL images (or anything with ``to_image()``, such
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import statistics
 import threading
 import time
@@ -30,6 +33,8 @@ from PIL import Image
 
 from . import render
 from .capture import Head, capture_tensor
+from .images import as_rgb
+from .live_sharing import Priority, lower_priority
 from .models import Fit, Model
 
 STATS_WINDOW_S = 3.0  # fps and latency are reported over this many recent seconds …
@@ -68,7 +73,7 @@ def heatmap_frame(image: Image.Image, settings: LiveSettings) -> LiveFrame:
     with the model the settings name (swapped together with them)."""
     model = settings.model
     start = time.perf_counter()
-    image = image.convert("RGB")
+    image = as_rgb(image)  # the one conversion capture() makes too (16-bit, float, alpha, EXIF)
     view = model.view(image, settings.fit)  # the one preprocessing path: page, CLI and camera alike
     cap = capture_tensor(model, model.to_input(view))
     layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
@@ -121,16 +126,30 @@ class LiveProcessor:
         workers: int = 1,
         threads: int | None = None,
         placeholder: Any = None,
+        nice: int = 0,
+        priority: Priority | None = None,
+        ready: Callable[[], bool] | None = None,
     ):
         """``workers`` frames are computed at once, each with ``threads`` PyTorch threads (``None``: the
         process's setting). One worker using every core gives the shortest delay; on a crowded machine
         two single-threaded workers avoid the stalls a multi-threaded forward pass suffers when other
-        work takes a core away (``python -m bench.live --processor`` compares them)."""
+        work takes a core away (``python -m bench.live --processor`` compares them).
+
+        ``nice`` > 0 lowers the workers' scheduling priority by that much (Linux, where every thread has
+        its own nice value; elsewhere it is ignored): the rest of the process — a page's upload, say —
+        gets the CPU first, and the stream's frames are computed with what is left (more are dropped).
+        ``priority``: the server's :class:`attnviz.live_sharing.Priority`; each frame is computed inside
+        its ``background(ready)``, so no frame starts while a visitor's photo is being worked on or
+        while ``ready()`` says the server is behind, and the streams take turns."""
         self.settings = settings  # replaced whole by other threads; read once per frame
         self._placeholder = placeholder  # sent until the first heatmap (None: the camera frame itself)
         self._encode = encode
         self._clock = clock
         self._threads = threads
+        self._nice = nice
+        self._priority = priority
+        self._ready = ready
+        self._last_frame = clock()  # arrival of the newest camera frame (the start, until one comes)
         self._wake = threading.Condition()
         self._pending: tuple[Any, float] | None = None  # (frame, arrival time), at most one
         self._stopped = False
@@ -149,6 +168,7 @@ class LiveProcessor:
     # ---- called by the stream (one thread) ----
     def recv(self, frame: Any) -> Any:
         now = self._clock()
+        self._last_frame = now
         with self._wake:
             if self._pending is not None:
                 with self._lock:
@@ -181,6 +201,14 @@ class LiveProcessor:
 
     # ---- read by anyone ----
     @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def idle_s(self) -> float:
+        """Seconds since the newest camera frame arrived (since the start, until one has)."""
+        return self._clock() - self._last_frame
+
+    @property
     def latest(self) -> LiveFrame | None:
         """The newest finished frame (its camera picture is what Freeze keeps)."""
         result = self._result
@@ -207,23 +235,32 @@ class LiveProcessor:
 
     # ---- the worker thread ----
     def _run(self) -> None:
+        lower_priority(self._nice)
         if self._threads is not None:
             torch.set_num_threads(self._threads)  # OpenMP's setting is per thread: other captures keep theirs
+        if self._priority is not None:
+            turn = functools.partial(self._priority.background, ready=self._ready)
+        else:
+            turn = contextlib.nullcontext
         while True:
             with self._wake:
                 while self._pending is None and not self._stopped:
                     self._wake.wait()
-                if self._stopped:
-                    return
-                frame, arrived = self._pending
-                self._pending = None
-            settings = self.settings
-            try:
-                live = heatmap_frame(frame_image(frame), settings)
-                output = self._encode(live.picture)
-            except Exception as e:  # a bad frame must not end the stream; the page can say so
-                self.error = e
-                continue
+            with turn():  # on a shared server: after the visitors' photos, and in turn with other streams
+                with self._wake:
+                    if self._stopped:
+                        return
+                    if self._pending is None:  # this stream's other worker took it meanwhile
+                        continue
+                    frame, arrived = self._pending  # the newest frame, once it is this stream's turn
+                    self._pending = None
+                settings = self.settings
+                try:
+                    live = heatmap_frame(frame_image(frame), settings)
+                    output = self._encode(live.picture)
+                except Exception as e:  # a bad frame must not end the stream; the page can say so
+                    self.error = e
+                    continue
             with self._lock:
                 self._counts["done"] += 1
                 current = self._result

@@ -5,6 +5,11 @@ every frame goes through :class:`attnviz.live.LiveProcessor`, one per browser se
 are swapped whole on each script run. Freeze keeps the newest frame as PNG bytes, which then take the
 same path as an upload. Imported only when someone picks the live camera, so the still-photo path
 never loads WebRTC.
+
+The server runs at most ``ATTNVIZ_LIVE_STREAMS`` streams at once (one :class:`attnviz.live.StreamSlots`
+for every session): a visitor over the cap is told so, and their page offers Start again as soon as a
+stream ends. Live frames wait while a visitor's photo is decoded and captured, take turns, and run at
+the lowest OS priority (attnviz.live_sharing), so uploads go first.
 """
 from __future__ import annotations
 
@@ -12,27 +17,39 @@ import io
 import json
 import math
 import os
+import threading
 import time
 
 import av
 import streamlit as st
 from PIL import Image
 from streamlit_webrtc import WebRtcMode, webrtc_streamer
+from streamlit_webrtc.eventloop import get_global_event_loop
 
 import attnviz
-from attnviz import render
+from attnviz import render, serving
 from attnviz.capture import HEAD_FUSIONS
 from attnviz.live import LiveProcessor, LiveSettings
+from attnviz.live_sharing import Priority, StreamSlots
+from .priority import priority
 from .settings import Settings
 from .text import t
 
 STREAM_KEY = "live_stream"
 FROZEN_KEY = "live_frozen"  # (png bytes, file name, time) of the frame Freeze kept
 STOP_KEY = "live_stop"  # set by Freeze: the next run asks the browser to stop the stream
+AWAY_KEY = "live_turned_away"  # set when a stream found every slot taken: the next run says so
 ICE_ENV = "ATTNVIZ_ICE_SERVERS"
 DISPLAY_PX = 392  # the picture sent back: 2 × 196, each patch a crisp block
 FRAME_RATE = 20  # camera frames per second asked for: more than the model keeps up with on a CPU
 CAMERA_HEIGHTS = (240, 480, 720)  # the smallest at least the model's input size is asked for
+LIVE_NICE = 19  # the threads computing live frames run at the lowest OS priority
+SLOT_POLL_S = 2.0  # how often a turned-away page looks for a free slot
+# How often the speed line under the video is redrawn. Every redraw is a script run of its own, after which
+# Streamlit collects all the garbage of the process (runner.postScriptGC) while holding the GIL: ~20 ms
+# in which the event loop carries no one's upload. 2 s halves what 1 s cost; the rate is a 3 s average.
+SPEED_EVERY_S = 2.0
+LOOP_ANSWER_S = 0.005  # a live frame starts only when the server's event loop answers this fast (idle: ~0.1 ms)
 
 
 def parse_ice_servers(raw) -> list[dict]:
@@ -89,7 +106,64 @@ def placeholder(model: attnviz.Model) -> av.VideoFrame:
 
 
 def to_video_frame(picture) -> av.VideoFrame:
-    return av.VideoFrame.from_image(picture)
+    """The heatmap as a video frame, already in the encoder's pixel format: converted once per heatmap
+    here, not once per frame sent (the newest heatmap goes out with every camera frame)."""
+    return av.VideoFrame.from_image(picture).reformat(format="yuv420p")
+
+
+def _session_alive(session_id: str) -> bool:
+    from streamlit.runtime import Runtime
+
+    return not Runtime.exists() or Runtime.instance().is_active_session(session_id)
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def shared_slots(limit: int) -> StreamSlots:
+    """The server's one set of stream slots (one per limit, should the owner's setting change)."""
+    return StreamSlots(limit, alive=_session_alive)
+
+
+def slots() -> StreamSlots:
+    return shared_slots(serving.policy().live_streams)  # a bad setting already stopped the page's sidebar
+
+
+def make_processor(shared: StreamSlots, owner: str, first: LiveSettings, order: Priority) -> LiveProcessor:
+    """The stream's processor, holding one of the server's slots; over the cap, one that computes nothing
+    and sends the dark placeholder (the page then says why and stops it). Called on streamlit-webrtc's
+    thread, so everything it needs from the session is handed in."""
+    dark = placeholder(first.model)
+    made = shared.open(owner, lambda: LiveProcessor(
+        first, encode=to_video_frame, placeholder=dark, nice=LIVE_NICE, priority=order, ready=loop_keeps_up,
+    ))
+    return made or LiveProcessor(first, encode=to_video_frame, placeholder=dark, workers=0)
+
+
+def loop_keeps_up() -> bool:
+    """Does Streamlit's event loop run a callback within LOOP_ANSWER_S? It carries every visitor's upload,
+    page update and this very video; a live frame started while it lags would slow them all further (the
+    frame's forward pass competes with the loop for Python's GIL)."""
+    answered = threading.Event()
+    start = time.perf_counter()
+    try:
+        get_global_event_loop().call_soon_threadsafe(answered.set)
+    except Exception:  # no loop (the server is stopping, or none runs): nothing to wait for
+        return True
+    answered.wait(1.0)
+    return time.perf_counter() - start <= LOOP_ANSWER_S
+
+
+def _session_id() -> str:
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else ""
+
+
+@st.fragment(run_every=SLOT_POLL_S)
+def wait_for_a_slot() -> None:
+    """While every slot is taken: look again now and then, and bring back Start once one is free."""
+    if slots().free() > 0:
+        st.rerun(scope="app")
 
 
 def processor() -> LiveProcessor | None:
@@ -122,11 +196,14 @@ def layer_and_head(model: attnviz.Model) -> None:
     )
 
 
-@st.fragment(run_every=1.0)
+@st.fragment(run_every=SPEED_EVERY_S)
 def speed_line() -> None:
     live = processor()
     if live is None:
         return
+    if not slots().holds(live):  # turned away, or its slot was taken back: the whole page says so
+        st.session_state[AWAY_KEY] = st.session_state[STOP_KEY] = True
+        st.rerun(scope="app")
     if live.error is not None:
         st.warning(t("live.frame_error", reason=str(live.error).splitlines()[0][:200]))
     stats, latest = live.stats(), live.latest
@@ -187,12 +264,23 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
         st.warning(t(f"live.problem_{problem}"))
         return _frozen(hint=False)
 
+    stop_now = st.session_state.pop(STOP_KEY, False)
+    turned_away = st.session_state.pop(AWAY_KEY, False)
+    shared = slots()
+    own = context.video_processor if context is not None else None  # a stopped stream not yet torn down
+    if not streaming and not stop_now and shared.free() <= 0 and not shared.holds(own):  # all others' streams
+        st.info(t("live.full", streams=shared.limit) if shared.limit else t("live.off"))
+        if shared.limit:
+            wait_for_a_slot()
+        return _frozen(hint=False)
+
     # the same two columns whether or not the stream runs: moving the component would restart it
     video, side = st.columns([3, 2], gap="medium")
-    if streaming:
+    if streaming and not turned_away:
         with side:
             layer_and_head(model)
-    stop_now = st.session_state.pop(STOP_KEY, False)
+    # read here, on the page's thread: the processor is made on streamlit-webrtc's
+    owner, first, order = _session_id(), live_settings(model, settings), priority()
     with video:
         try:
             context = webrtc_streamer(
@@ -200,9 +288,7 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
                 mode=WebRtcMode.SENDRECV,
                 rtc_configuration={"iceServers": ice_servers()},
                 media_stream_constraints={"video": camera_constraints(model), "audio": False},
-                video_processor_factory=lambda: LiveProcessor(
-                    live_settings(model, settings), encode=to_video_frame, placeholder=placeholder(model)
-                ),
+                video_processor_factory=lambda: make_processor(shared, owner, first, order),
                 async_processing=False,  # LiveProcessor has its own newest-frame worker; recv never blocks
                 desired_playing_state=False if stop_now else None,
                 video_html_attrs={
@@ -222,9 +308,17 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
                 st.warning(t("live.problem_connect"))
                 return _frozen(hint=False)
     live = context.video_processor
+    running = context.state.playing or context.state.signalling
+    if live is not None and running and not stop_now and not shared.holds(live):
+        # the stream started while every slot was taken (another visitor pressed Start first): stop it
+        st.session_state[AWAY_KEY] = st.session_state[STOP_KEY] = True
+        st.rerun()
     if live is not None:
         live.settings = live_settings(model, settings)  # one reference swap: the next frame uses it
     with side:
+        if turned_away:
+            st.warning(t("live.full", streams=shared.limit) if shared.limit else t("live.off"))
+            return _frozen(hint=False)
         if problem:
             st.warning(t(f"live.problem_{problem}"))
         if context.state.playing or context.state.signalling:

@@ -19,6 +19,7 @@ from attnviz.adapters import family_of_name
 from attnviz.errors import HubUnavailable, ModelError
 from attnviz.images import KIND_IDS, CheckedImage, ImageError
 
+from .priority import priority
 from .settings import Settings
 from .text import t
 
@@ -67,7 +68,8 @@ def cached_capture(
     model_key: tuple, digest: str, fit: str, _model: attnviz.Model, _image: CheckedImage
 ) -> attnviz.Capture:
     # Keyed by (model, input size, image digest, fit); the model and image themselves are not hashed.
-    return attnviz.capture(_model, _image.image, fit=fit)
+    with priority().foreground():  # live-camera frames wait meanwhile (attnviz_app/priority.py)
+        return attnviz.capture(_model, _image.image, fit=fit)
 
 
 IMAGE_CACHE_ENTRIES = 16  # each at most 4704 × 587 px (attnviz.photos.read_photo): ≤ 8.3 MB
@@ -82,7 +84,8 @@ def checked_image(digest: str, side: int, name: str, _data: bytes, _model: attnv
     and the model's decode side.
     """
     try:
-        return attnviz.read_photo(_data, _model, name)
+        with priority().foreground():
+            return attnviz.read_photo(_data, _model, name)
     except ImageError as e:
         return e
 

@@ -39,10 +39,14 @@ READ_VIDEO = """(grid) => {
 }"""
 
 
+BUSY = "The live camera is busy: this server runs 1 at once"
+
+
 @pytest.fixture(scope="module")
 def server():
     require_chromium()
-    with streamlit_server() as (url, _proc):
+    # one stream at a time, so the cap is reached with two pages; every test here ends its streams
+    with streamlit_server(env={"ATTNVIZ_LIVE_STREAMS": "1"}) as (url, _proc):
         yield url
 
 
@@ -157,3 +161,39 @@ def test_refused_camera_gives_one_sentence(server):
         page.get_by_text("Sample photo", exact=True).click()
         page.wait_for_selector("[data-testid='stImage'] img", timeout=60_000)
         page.get_by_text("Layer 12, mean of all heads: where the class token looks").wait_for()
+
+
+@pytest.mark.browser
+def test_a_visitor_over_the_stream_cap_is_told_and_gets_the_slot_when_it_frees(server):
+    """Two visitors on a one-stream server: the second, who pressed Start last, is told why nothing
+    streams; when the first closes the tab, the second's Start comes back and streams."""
+    with chromium(FAKE_CAMERA_FLAGS) as browser:
+        first, second = (browser.new_context(viewport={"width": 1280, "height": 900}).new_page() for _ in range(2))
+        for page in (first, second):  # both see Start while the slot is free
+            page.goto(server)
+            page.get_by_text("Live camera", exact=True).click(timeout=120_000)
+            page.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start").wait_for(timeout=60_000)
+        first.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start").click()
+        live_caption(first)  # the first visitor's heatmaps stream
+
+        # the second presses the Start it was shown before the slot went: one sentence, no stream
+        second.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start").click()
+        second.get_by_text(BUSY).wait_for(timeout=60_000)
+        second.wait_for_selector("iframe[title*='webrtc']", state="detached", timeout=30_000)  # no Start to press
+        assert second.get_by_text("heatmaps per second").count() == 0
+        assert second.locator("[data-testid='stException']").count() == 0
+        assert "heatmaps per second" in live_caption(first)  # the first visitor streams on, untouched
+
+        # a visitor who opens the page now is told at once, with no Start to press
+        third = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        third.goto(server)
+        third.get_by_text("Live camera", exact=True).click(timeout=120_000)
+        third.get_by_text(BUSY).wait_for(timeout=60_000)
+        third.context.close()
+
+        first.context.close()  # the first visitor's tab goes away: its slot is freed
+        open_start = second.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start")
+        open_start.click(timeout=60_000)  # Start came back by itself
+        assert re.match(r"Layer 12, mean of all heads · [\d.]+ heatmaps per second", live_caption(second))
+        assert second.get_by_text(BUSY).count() == 0
+        second.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Stop").click()

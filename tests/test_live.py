@@ -1,6 +1,8 @@
 """The live camera's per-frame work and its newest-frame worker, without a browser."""
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -9,8 +11,10 @@ import pytest
 from PIL import Image
 
 import attnviz
-from attnviz import render
+from attnviz import render, serving
+from attnviz.jobs import core_count
 from attnviz.live import LiveProcessor, LiveSettings, heatmap_frame
+from attnviz.live_sharing import Priority, StreamSlots
 from conftest import ASSETS, tiny_vit
 
 
@@ -207,3 +211,176 @@ def test_speed_is_heatmaps_sent_per_second_and_delay_from_arrival_to_sending(tin
         assert (stats.frames_in, stats.heatmaps, stats.dropped) == (4, 4, 0)
     finally:
         proc.stop()
+
+
+def idle_stream(tiny, clock=time.monotonic) -> LiveProcessor:
+    """A stream that computes nothing (no worker): enough to hold a slot."""
+    return LiveProcessor(LiveSettings(tiny, layer=1), workers=0, clock=clock)
+
+
+def test_slots_cap_streams_and_a_stopped_stream_frees_its_slot(tiny):
+    slots = StreamSlots(2)
+    made = []
+
+    def make():
+        made.append(idle_stream(tiny))
+        return made[-1]
+
+    a, b = slots.open("visitor a", make), slots.open("visitor b", make)
+    assert a is made[0] and b is made[1] and slots.free() == 0
+    assert slots.open("visitor c", make) is None and len(made) == 2  # over the cap: nothing is even made
+    assert slots.holds(a) and slots.holds(b) and not slots.holds(idle_stream(tiny))
+    a.stop()  # the stream ended (Stop pressed, Freeze, the connection closed)
+    assert slots.free() == 1 and not slots.holds(a)
+    c = slots.open("visitor c", make)
+    assert c is made[2] and slots.holds(c) and slots.free() == 0
+    assert StreamSlots(0).open("anyone", make) is None and len(made) == 3  # 0: no live camera at all
+
+
+def test_slots_are_taken_back_from_a_closed_tab_and_a_silent_camera(tiny):
+    connected = {"a", "b"}
+    now = [0.0]
+    slots = StreamSlots(2, alive=lambda owner: owner in connected, idle_s=5.0)
+    a = slots.open("a", lambda: idle_stream(tiny, clock=lambda: now[0]))
+    b = slots.open("b", lambda: idle_stream(tiny, clock=lambda: now[0]))
+    connected.discard("a")  # a's browser tab went away
+    assert slots.free() == 1 and not slots.holds(a) and a.stopped  # taken back, and it computes no more
+    now[0] = 4.0  # b's camera keeps sending: 4 s between frames is under 5 s
+    b.recv(camera_frame(0))
+    now[0] = 8.0
+    b.recv(camera_frame(1))
+    assert slots.holds(b)
+    now[0] = 13.5  # then nothing for 5.5 s
+    assert slots.free() == 2 and b.stopped
+
+
+def test_slots_are_shared_safely_by_many_sessions_at_once(tiny):
+    """Twenty sessions press Start at the same moment on a 3-stream server: exactly three get a stream."""
+    slots, start = StreamSlots(3), threading.Barrier(20)
+    got: list = []
+
+    def press(i):
+        start.wait()
+        got.append(slots.open(i, lambda: idle_stream(tiny)))
+
+    threads = [threading.Thread(target=press, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(got) == 20 and sum(stream is not None for stream in got) == 3 and slots.free() == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_live_frames_run_at_a_lower_priority_than_the_rest_of_the_server(tiny):
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), nice=7)  # lowered on the worker thread itself
+    try:
+        proc.recv(camera_frame(5))
+        wait_for(lambda: proc.latest is not None)  # the worker has run, so it has lowered its priority
+        worker = proc._threads_started[0].native_id
+        assert os.getpriority(os.PRIO_PROCESS, worker) == min(19, here + 7)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # the caller's is untouched
+        assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == here  # and the process's main thread's
+    finally:
+        proc.stop()
+
+
+def test_owner_sets_the_stream_cap_default_one_per_core():
+    assert serving.policy({}).live_streams == core_count()
+    assert serving.policy({"ATTNVIZ_LIVE_STREAMS": "3"}).live_streams == 3
+    assert serving.policy({"ATTNVIZ_LIVE_STREAMS": " 0 "}).live_streams == 0  # the owner turns it off
+    with pytest.raises(ValueError, match="ATTNVIZ_LIVE_STREAMS"):
+        serving.policy({"ATTNVIZ_LIVE_STREAMS": "many"})
+
+
+def test_a_16_bit_frame_gets_the_map_capture_gives_it(tiny):
+    """One conversion for every picture: a 16-bit grey frame is scaled by its range, as capture() does,
+    not clipped to white."""
+    ramp = np.tile(np.linspace(0, 65535, 48).astype(np.uint16), (40, 1))  # (40, 48) left to right
+    grey16 = Image.fromarray(ramp)
+    assert grey16.mode.startswith("I;16")
+    live = heatmap_frame(grey16, LiveSettings(tiny, layer=1))
+    np.testing.assert_array_equal(live.cls_map, attnviz.capture(tiny, grey16).cls_map(1, "mean"))
+    assert 60 < np.asarray(live.view).mean() < 200  # a grey ramp (clipping would make it all 255)
+
+
+def test_no_live_frame_starts_while_a_photo_is_worked_on_nor_just_after(tiny):
+    order = Priority(grace_s=0.3, patience_s=10.0)
+    done_at: list[float] = []
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), priority=order,
+                         encode=lambda picture: (done_at.append(time.monotonic()), picture)[1])
+    try:
+        with order.foreground():  # a visitor's photo is being decoded and captured
+            proc.recv(camera_frame(1))
+            time.sleep(0.4)
+            assert done_at == [] and order.busy
+            ended = time.monotonic()
+        assert order.busy  # the photo's page still draws its views: grace
+        wait_for(lambda: done_at)
+        assert 0.3 <= done_at[0] - ended < 5.0
+        assert not order.busy
+    finally:
+        proc.stop()
+
+
+def test_a_live_frame_waits_for_page_work_no_longer_than_its_patience(tiny):
+    order = Priority(grace_s=0.3, patience_s=0.5)
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), priority=order)
+    try:
+        with order.foreground():  # page work that goes on and on (a class uploading)
+            asked = time.monotonic()
+            proc.recv(camera_frame(2))
+            wait_for(lambda: proc.latest is not None)
+            assert 0.5 <= time.monotonic() - asked < 5.0  # the stream still moves, slowly
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("turns", [1, 2])
+def test_live_frames_take_turns_in_the_order_they_asked(turns):
+    order = Priority(background=turns, grace_s=0.0)
+    computing, most, sequence, lock = [0], [0], [], threading.Lock()
+
+    def stream(name):
+        for _ in range(12):
+            with order.background():
+                with lock:
+                    computing[0] += 1
+                    most[0] = max(most[0], computing[0])
+                    sequence.append(name)
+                time.sleep(0.01)
+                with lock:
+                    computing[0] -= 1
+
+    threads = [threading.Thread(target=stream, args=(name,)) for name in "abc"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert most[0] == turns and len(sequence) == 36
+    if turns == 1:  # once all three wait, a released turn goes to the longest waiter: strict rotation
+        steady = sequence[6:30]
+        assert all(steady[i] != steady[i + 1] for i in range(len(steady) - 1)), sequence
+
+
+def test_a_live_frame_waits_while_the_server_says_it_is_behind(tiny):
+    """``ready`` (on the page: Streamlit's event loop answers within 5 ms) holds frames back, within patience."""
+    answers = iter([False, False, False, True])
+    asked: list[float] = []
+
+    def ready():
+        asked.append(time.monotonic())
+        return next(answers, True)
+
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), priority=Priority(grace_s=0.0), ready=ready)
+    try:
+        proc.recv(camera_frame(3))
+        wait_for(lambda: proc.latest is not None)
+        assert len(asked) == 4 and asked[-1] - asked[0] >= 0.1  # asked again every 50 ms until it said yes
+    finally:
+        proc.stop()
+    never = Priority(grace_s=0.0, patience_s=0.3)
+    start = time.monotonic()
+    with never.background(ready=lambda: False):  # a server that never catches up still gets a frame
+        assert 0.3 <= time.monotonic() - start < 3.0

@@ -1,0 +1,18 @@
+"""Who goes first on a shared server: a visitor's photo before the live camera's frames.
+
+One :class:`attnviz.live_sharing.Priority` per server process: the page decodes and captures a photo in
+its ``foreground()`` (``attnviz_app/ui.py``), and every live stream computes its frames in its
+``background()`` (``attnviz_app/live.py``), one frame at a time per two cores.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz.jobs import core_count
+from attnviz.live_sharing import Priority
+
+
+@st.cache_resource(show_spinner=False)
+def priority() -> Priority:
+    """The server's one Priority, shared by every browser session."""
+    return Priority(background=max(1, core_count() // 2))
