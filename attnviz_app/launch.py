@@ -13,34 +13,15 @@ command line wins.
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import sys
 import time
 import tomllib
 from pathlib import Path
 
+from . import tuning
+
 SCRIPT = Path(__file__).with_name("streamlit_app.py")
 CONFIG = Path(__file__).with_name("config.toml")
-M_ARENA_MAX = -8  # glibc mallopt parameter
-
-
-def tune_for_a_class() -> None:
-    """Many sessions at once on few cores: one intra-op thread per forward pass, and few malloc arenas.
-
-    With PyTorch's default of one OpenMP thread per core, every session's forward pass brought its own
-    team of threads; thirty at once on two cores spent most of their CPU waiting on each other (0.85 s of
-    CPU per capture on a busy 2-core machine against 0.14 s with one thread). Sessions still run side by
-    side, on Streamlit's threads. glibc gives every thread its own heap arena and returns little of it:
-    two arenas keep the server's memory near what it holds. ``ATTNVIZ_THREADS=n`` overrides the first.
-    """
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("ATTNVIZ_THREADS", "1")))
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 2)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
-        pass
 
 
 def warm() -> None:
@@ -78,43 +59,15 @@ def options(args: list[str]) -> list[str]:
     return [*defaults, *args]
 
 
-def housekeeping(first_after_s: float = 5.0, every_s: float = 10.0) -> None:
-    """A daemon thread for a long-running class server.
-
-    Once the server is up, its own objects (Streamlit, Starlette, the imports of the first runs) are moved
-    out of the garbage collector's sight like the model's were (``gc.freeze``): the full collection
-    Streamlit runs after every script run then walks only what sessions create. Every ``every_s`` the
-    memory freed by finished forward passes is handed back to the system (``malloc_trim``), so the
-    server's resident size follows what it holds rather than its peak during a rush of uploads.
-    """
-    import gc
-    import threading
-
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        trim = None
-
-    def run() -> None:
-        time.sleep(first_after_s)
-        gc.freeze()
-        while trim is not None:
-            trim(0)
-            time.sleep(every_s)
-
-    threading.Thread(target=run, name="attnviz-housekeeping", daemon=True).start()
-
-
 def main(args: list[str] | None = None) -> int:
     """Serve the app: ``args`` are Streamlit's own options (``--server.port 8600``)."""
     args = list(sys.argv[1:] if args is None else args)
     print("attnviz: loading PyTorch and the model …", flush=True)
-    tune_for_a_class()
+    tuning.serve()  # the same tuning a plain `streamlit run app.py` gets on its first page run
     warm()
     from streamlit.web import cli
 
     sys.argv = ["streamlit", "run", str(SCRIPT), *options(args)]
-    housekeeping()
     try:
         cli.main()
     except SystemExit as done:

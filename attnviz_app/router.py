@@ -14,8 +14,10 @@ PAGES = Path(__file__).with_name("screens")
 def main() -> None:
     st.set_page_config(page_title="attnviz", page_icon="👁", layout="wide")
     with startup.importing():  # torch, timm and the model's code: ~5 s on the server's first run
-        from . import ui
+        from . import tuning, ui
         from .text import t
+
+        tuning.serve()  # once per process, whatever started the server (attnviz_app/tuning.py)
 
     ui.keep_choices()
     ui.language_picker()

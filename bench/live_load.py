@@ -163,7 +163,7 @@ def in_process(streams: int, uploads: int) -> list[tuple[str, float, list[float]
     from attnviz.live import LiveProcessor, LiveSettings
     from attnviz.live_sharing import Priority
 
-    torch.set_num_threads(1)  # as the server runs (attnviz_app.launch.tune_for_a_class)
+    torch.set_num_threads(1)  # as the server runs (attnviz_app.tuning.serve)
     model = attnviz.load_model(size=196, device="cpu")
     picture = Image.open(attnviz.photos.sample("cat")).convert("RGB").resize((480, 360))
     frames = [picture.crop((i, i, i + 320, i + 240)) for i in range(0, 100, 5)]  # a slow pan

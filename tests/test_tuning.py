@@ -1,0 +1,46 @@
+"""The server's tuning travels with the app: whatever starts it, the process runs the same way."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import APP, ROOT
+
+FIRST_RUN = f"""
+import json, threading, torch
+from streamlit.testing.v1 import AppTest
+before = torch.get_num_threads()
+app = AppTest.from_file({str(APP)!r}, default_timeout=180).run()
+assert not app.exception, app.exception
+after = []  # as a later session's script thread sees it (PyTorch applies its setting to each new thread)
+later = threading.Thread(target=lambda: after.append(torch.get_num_threads()))
+later.start(); later.join()
+print(json.dumps(dict(before=before, after=after[0],
+                      housekeeping=any(t.name == "attnviz-housekeeping" for t in threading.enumerate()))))
+"""
+
+
+def python(code: str, **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "ATTNVIZ_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], env={**environ, **env}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_import_attnviz_asks_openmp_to_wait_passively_unless_told_otherwise():
+    assert python("import os, attnviz; print(os.environ['OMP_WAIT_POLICY'])") == "PASSIVE"
+    assert python("import os, attnviz; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    # torch loaded first: its OpenMP has read the environment already, so attnviz changes nothing
+    assert python("import os, torch, attnviz; print(os.environ.get('OMP_WAIT_POLICY', 'unset'))") == "unset"
+
+
+def test_a_plain_streamlit_run_gets_the_servers_tuning_on_its_first_page_run():
+    """The router's first run (what `streamlit run app.py` does) sets one thread per forward pass and starts
+    the housekeeping thread, as `attnviz app` does before its server starts."""
+    run = json.loads(python(FIRST_RUN, OMP_NUM_THREADS="2"))
+    assert run == {"before": 2, "after": 1, "housekeeping": True}
+    run = json.loads(python(FIRST_RUN, OMP_NUM_THREADS="2", ATTNVIZ_THREADS="2"))
+    assert run["after"] == 2
