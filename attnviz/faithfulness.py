@@ -143,6 +143,7 @@ class Faithfulness:
     target_label: str | None = None
     base_probability: float | None = None  # its probability on the untouched photo
     notes: tuple[str, ...] = field(default=())  # maps not available for this model, one sentence each
+    inputs: int = 0  # distinct inputs run (one forward pass each, in batches)
 
     def _spread(self, which: str) -> tuple[float, float]:
         areas = np.array([getattr(c, f"{which}_area") for c in self.random])
@@ -325,7 +326,7 @@ def faithfulness(
         curves=tuple(c for c in curves if c.ranking.kind != "random"),
         random=tuple(c for c in curves if c.ranking.kind == "random"),
         target=target, target_label=None if target is None else model.labels[target],
-        base_probability=None if target is None else float(values[untouched]), notes=notes,
+        base_probability=None if target is None else float(values[untouched]), notes=notes, inputs=len(masks),
     )
 
 
