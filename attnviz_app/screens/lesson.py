@@ -386,6 +386,22 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
               attended=float(result.attended[-1]), random=float(result.random_mean[-1]),
               percent=100 * result.fractions[-1]))
     st.caption(t("lesson.explain.caveats"))
+    all_maps(model, cap, key)
+
+
+def all_maps(model: Model, cap: Capture, key: tuple) -> None:
+    """The same test for every map the app draws, measured on this photo (the Explore page's
+    "Does attention explain?" view; one shared job, so either page's result serves both)."""
+    from attnviz_app.views import faithfulness as faith_view
+
+    st.subheader(t("lesson.explain.all_maps_title"))
+    st.markdown(t("lesson.explain.all_maps_intro"))
+    fills, why_not = faith_view.fills_for(model)
+    if why_not:
+        st.caption(why_not)
+    result = faith_view.measure_or_wait(model, cap, key, fills[0], False, "lesson_faith")
+    if result is not None:
+        faith_view.results(result)
 
 
 # --- The page ----------------------------------------------------------------------------------
