@@ -126,6 +126,8 @@ def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], workin
             jobs.leave(owner)
             raise
         place.empty()
+        if bar is not None and _progress_board().get(key) is bar:
+            del _progress_board()[key]  # finished (or failed): the next request starts a fresh bar
         try:
             return job.result()
         except JobCancelled:  # dropped between two polls (this session asked for another job): ask again

@@ -7,7 +7,6 @@ and reads the output itself. Every curve value must agree within 1e-4.
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
@@ -153,10 +152,10 @@ def test_the_sentence_follows_the_numbers():
     mean, spread = result.random_deletion
     assert (mean, round(spread, 4)) == (pytest.approx(0.52), 0.0316)
     text = fa.sentence(result)
-    assert text == ("On this photo (token removal; cosine similarity to the untouched photo's features), attention "
-                    "rollout's deletion area is 0.31 against 0.50 for attention, layer 12, mean of heads and "
-                    "0.52 ± 0.03 for 5 random orders: attention rollout points at what the model relies on; "
-                    "attention, layer 12, mean of heads is no better than random.")
+    assert text == ("On this photo (token removal; cosine similarity to the untouched photo's features), the deletion "
+                    "area is 0.31 for “attention rollout”, 0.50 for “attention, layer 12, mean of heads” and "
+                    "0.52 ± 0.03 for 5 random orders: “attention rollout” points at what the model relies on; "
+                    "“attention, layer 12, mean of heads” is no better than random.")
     assert [result.verdict(c) for c in result.curves] == ["better", "random", "worse"]
     rows = fa.table(result)
     assert [r["map"] for r in rows[:3]] == ["attention rollout", "attention, layer 12, mean of heads",
@@ -166,9 +165,9 @@ def test_the_sentence_follows_the_numbers():
     assert "0.31" in zh and "0.52 ± 0.03" in zh and "並不比隨機好" in zh
     # When the last layer's map is itself the best, it is compared with the worst.
     flipped = synthetic({"rollout": 0.60, "11": 0.20}, [0.48, 0.50, 0.52, 0.54, 0.56])
-    assert re.search(r"layer 12, mean of heads's deletion area is 0\.20 against 0\.60 for attention rollout",
-                     fa.sentence(flipped))
-    assert "attention rollout does worse than random" in fa.sentence(flipped)
+    assert "the deletion area is 0.20 for “attention, layer 12, mean of heads”, 0.60 for “attention rollout”" in \
+        fa.sentence(flipped)
+    assert "“attention rollout” does worse than random" in fa.sentence(flipped)
 
 
 def test_token_removal_is_refused_where_positions_tie_logits_and_pixel_fills_work():

@@ -60,7 +60,8 @@ def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, s
         x="head:O", y="layer:O")
     if clickable:
         chart = chart.add_params(alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False))
-    return alt.layer(chart, marks).properties(width=min(300, 42 * heads), height=min(330, 26 * layers))
+    return alt.layer(chart, marks).properties(width=alt.Step(max(12, min(42, 300 // heads))),
+                                             height=alt.Step(max(8, min(24, 330 // layers))))
 
 
 def measured_grid(ctx: Context) -> ablation.HeadAblation | None:
@@ -114,10 +115,11 @@ def show(ctx: Context) -> None:
             st.markdown(f"**{t('ablation_page.effect_title')}**")
             st.altair_chart(grid_chart(result.effect, effect_title, set(off_keys), True, "reds"),
                             key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
-                            selection_mode="cell")
+                            selection_mode="cell", width="content")
         with right:
             st.markdown(f"**{t('ablation_page.statistic')}**")
-            st.altair_chart(grid_chart(values, t(f"ablation_page.{statistic}"), set(off_keys), False, "blues"))
+            st.altair_chart(grid_chart(values, t(f"ablation_page.{statistic}"), set(off_keys), False, "blues"),
+                            width="content")
         st.info(correlation_sentence(result, statistic))
 
     options = [head_key(l, h) for l in range(cap.num_layers) for h in range(cap.num_heads)]

@@ -42,16 +42,19 @@ def measure_or_wait(model, cap, cap_key: tuple, fill: str, heads: bool, prefix: 
     if st.session_state.get(f"{prefix}_asked") != asked:
         st.caption(t("faith_page.press"))
         return None
-    if not heavy.cached(KIND, cap_key, args) and buttons[1].button(t("faith_page.cancel"), key=f"{prefix}_cancel"):
+    slot = buttons[1].empty()  # the Cancel button, only while the run is on
+    if not heavy.cached(KIND, cap_key, args) and slot.button(t("faith_page.cancel"), key=f"{prefix}_cancel"):
         heavy.cancel(KIND, cap_key, args)
         st.session_state.pop(f"{prefix}_asked", None)
         st.info(t("faith_page.cancelled"))
         return None
     bar = heavy.progress(KIND, cap_key, args)
     try:
-        return heavy.run(KIND, cap_key, args,
-                         lambda: fa.faithfulness(model, cap, fill=fill, heads=heads, progress=bar),
-                         t("faith_page.running"), bar=bar)
+        result = heavy.run(KIND, cap_key, args,
+                           lambda: fa.faithfulness(model, cap, fill=fill, heads=heads, progress=bar),
+                           t("faith_page.running"), bar=bar)
+        slot.empty()
+        return result
     except heavy.Cancelled:
         st.session_state.pop(f"{prefix}_asked", None)
         st.info(t("faith_page.cancelled"))
@@ -74,7 +77,7 @@ def curves_chart(result: fa.Faithfulness, narrow: bool = False) -> alt.Chart:
                   for p, m, s in zip(percent, mean, spread)]
     pick = alt.selection_point(fields=["map"], bind="legend")
     x = alt.X("percent:Q", title=t("faith_page.percent_axis"), scale=alt.Scale(domain=[0, 100]))
-    y_title = t(f"faithfulness.measure_{result.measure}")
+    y_title = t(f"faith_page.axis_{result.measure}")
     lines, bands = pd.DataFrame(lines), pd.DataFrame(bands)
     width = 300 if narrow else 420
     panels = []
