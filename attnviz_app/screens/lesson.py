@@ -386,7 +386,6 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
               attended=float(result.attended[-1]), random=float(result.random_mean[-1]),
               percent=100 * result.fractions[-1]))
     st.caption(t("lesson.explain.caveats"))
-    all_maps(model, cap, key)
 
 
 def all_maps(model: Model, cap: Capture, key: tuple) -> None:
@@ -438,3 +437,4 @@ with tabs[5]:
     step_cost(model)
 with tabs[6]:
     step_not_explanation(model, cap, cap_key, layer)
+    all_maps(model, cap, cap_key)  # every map on this photo, whether or not the test above was run

@@ -49,12 +49,13 @@ def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, s
     layers, heads = values.shape
     cells = pd.DataFrame([{"layer": l + 1, "head": h + 1, "value": float(values[l, h]),
                            "off": head_key(l, h) in off} for l in range(layers) for h in range(heads)])
-    chart = alt.Chart(cells, title=title).mark_rect(stroke="white").encode(
+    chart = alt.Chart(cells).mark_rect(stroke="white").encode(
         x=alt.X("head:O", title=t("ablation_page.head"), axis=alt.Axis(labelAngle=0)),
         y=alt.Y("layer:O", title=t("ablation_page.layer")),
         color=alt.Color("value:Q", scale=alt.Scale(scheme=scheme), legend=alt.Legend(orient="bottom", title=None)),
         strokeWidth=alt.condition("datum.off", alt.value(3), alt.value(0.5)),
-        tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("head:O"), alt.Tooltip("value:Q", format=".4f")],
+        tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("head:O"),
+                 alt.Tooltip("value:Q", format=".4f", title=title)],
     )
     marks = alt.Chart(cells[cells["off"]]).mark_text(text="✕", fontSize=14, color="white").encode(
         x="head:O", y="layer:O")
@@ -67,17 +68,20 @@ def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, s
 def measured_grid(ctx: Context) -> ablation.HeadAblation | None:
     model, cap, key = ctx.model, ctx.cap, ctx.cap_key
     args = ()
+    slot = st.empty()
     if not heavy.cached(KIND, key, args):
         passes = cap.num_heads * (cap.num_layers + 1) / 2
-        if not st.button(t("ablation_page.run"), key="ablation_run", type="primary") and \
+        if not slot.button(t("ablation_page.run"), key="ablation_run", type="primary") and \
                 st.session_state.get("ablation_asked") != key:
             st.caption(t("ablation_page.press", passes=passes))
             return None
         st.session_state["ablation_asked"] = key
     bar = heavy.progress(KIND, key, args)
     try:
-        return heavy.run(KIND, key, args, lambda: ablation.head_ablation(model, cap, progress=bar),
-                         t("ablation_page.running"), bar=bar)
+        result = heavy.run(KIND, key, args, lambda: ablation.head_ablation(model, cap, progress=bar),
+                           t("ablation_page.running"), bar=bar)
+        slot.empty()
+        return result
     except heavy.Cancelled:
         return None
 
@@ -113,11 +117,13 @@ def show(ctx: Context) -> None:
         left, right = st.columns(2)
         with left:
             st.markdown(f"**{t('ablation_page.effect_title')}**")
+            st.caption(effect_title)
             st.altair_chart(grid_chart(result.effect, effect_title, set(off_keys), True, "reds"),
                             key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
                             selection_mode="cell", width="content")
         with right:
             st.markdown(f"**{t('ablation_page.statistic')}**")
+            st.caption(t(f"ablation_page.{statistic}"))
             st.altair_chart(grid_chart(values, t(f"ablation_page.{statistic}"), set(off_keys), False, "blues"),
                             width="content")
         st.info(correlation_sentence(result, statistic))

@@ -79,7 +79,8 @@ def curves_chart(result: fa.Faithfulness, narrow: bool = False) -> alt.Chart:
     x = alt.X("percent:Q", title=t("faith_page.percent_axis"), scale=alt.Scale(domain=[0, 100]))
     y_title = t(f"faith_page.axis_{result.measure}")
     lines, bands = pd.DataFrame(lines), pd.DataFrame(bands)
-    width = 300 if narrow else 420
+    width = 250 if narrow else 330  # two panels and their axes inside the page's column (358 px on a phone)
+    names = [fa.map_name(c.ranking, lang()) for c in result.curves]  # legend in the table's order of kinds
     panels = []
     for key in ("deletion", "insertion"):
         band_data, line_data = bands[bands["curve"] == which[key]], lines[lines["curve"] == which[key]]
@@ -88,8 +89,8 @@ def curves_chart(result: fa.Faithfulness, narrow: bool = False) -> alt.Chart:
             x=x, y="mean:Q", tooltip=[alt.Tooltip("mean:Q", format=".3f", title=t("faith_page.random_mean"))])
         maps = alt.Chart(line_data).mark_line(point=alt.OverlayMarkDef(size=18)).encode(
             x=x, y=alt.Y("value:Q", title=y_title),
-            color=alt.Color("map:N", title=None, legend=alt.Legend(orient="bottom", columns=1 if narrow else 3,
-                                                                   labelLimit=320)),
+            color=alt.Color("map:N", title=None, sort=names, scale=alt.Scale(scheme="tableau20"),
+                            legend=alt.Legend(orient="bottom", columns=1 if narrow else 3, labelLimit=300)),
             opacity=alt.condition(pick, alt.value(0.95), alt.value(0.12)),
             tooltip=["map", alt.Tooltip("percent:Q", format=".0f"), alt.Tooltip("value:Q", format=".4f")],
         )
@@ -118,6 +119,8 @@ def results(result: fa.Faithfulness, narrow: bool = False) -> None:
             for r in rows],
         t("faith_page.against_random_ins"): [verdict(r["insertion_verdict"]) if r["rank"] else "" for r in rows],
     })
+    if narrow:  # a phone: the two areas beside the names; the verdicts are in the sentence and on a wider screen
+        table = table.iloc[:, [1, 2, 4]]
     st.dataframe(table, hide_index=True, width="stretch")
     st.caption(t("faith_page.table_caption", fill=fill, inputs=result.inputs))
     for note in result.notes:
