@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,10 @@ def check_device(device: str | None) -> str | None:
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: this computer has no CUDA device; use --device cpu.")
     return device
+
+
+def finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -99,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             grid = ablation.head_ablation(model, cap)
             record |= {"ablation": grid.to_json(), "ablation_measure": grid.measure,
                        "head_entropy": grid.entropy.tolist(), "head_top_share": grid.top_share.tolist(),
-                       "rank_correlation": {"entropy": grid.entropy_correlation, "top_share": grid.share_correlation}}
+                       "rank_correlation": {  # null when every head has the same effect or statistic
+                           "entropy": finite(grid.entropy_correlation), "top_share": finite(grid.share_correlation)}}
         record["sentence"] = sentence(result)
         atomic.write_text(out, json.dumps(record, indent=1, allow_nan=False))
     except FaithfulnessError as e:

@@ -99,7 +99,10 @@ def test_every_curve_value_equals_the_reference(which, fill, tiny_classifier, ti
     assert len(result.random) == 5
     assert result.removed.tolist() == [0, 1, 3, 4, 6, 8, 9, 11, 12, 14, 16]
     worst = 0.0
-    for curve in (*result.curves, *result.random):
+    curves = (*result.curves, *result.random)
+    if (which, fill) not in (("classifier", "token"), ("backbone", "mean")):  # all maps in two cases, a spread here
+        curves = curves[::4]
+    for curve in curves:
         counts, deletion, insertion = reference_curves(model, cap, curve.ranking.order, fill)
         assert result.removed.tolist() == counts.tolist()
         worst = max(worst, np.abs(curve.deletion - deletion).max(), np.abs(curve.insertion - insertion).max())
@@ -214,10 +217,10 @@ def test_progress_reaches_one_and_can_stop_the_run(tiny_classifier):
 
 
 def test_real_model_curves_equal_the_reference(real_model, cat):
-    """The offline ViT-S/14 at 196 px, token removal: rollout and one random order, every value."""
+    """The offline ViT-S/14 at 196 px, token removal: every value of the rollout's curves."""
     cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("cat"), real_model).image)
-    rankings, _ = fa.standard_rankings(real_model, cap, random_orders=1)
-    chosen = [r for r in rankings if r.kind in ("rollout", "random")]
+    rankings, _ = fa.standard_rankings(real_model, cap, random_orders=0)
+    chosen = [r for r in rankings if r.kind == "rollout"]
     result = fa.faithfulness(real_model, cap, chosen, fill="token")
     assert result.measure == "cosine"
     for curve in (*result.curves, *result.random):

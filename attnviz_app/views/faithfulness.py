@@ -130,6 +130,8 @@ def results(result: fa.Faithfulness, narrow: bool = False) -> None:
 def show(ctx: Context) -> None:
     st.markdown(t("faith_page.explain"))
     fills, why_not = fills_for(ctx.model)
+    if st.session_state.get("faith_fill") not in fills:  # e.g. token removal, after a switch to a RoPE model
+        st.session_state["faith_fill"] = fills[0]
     left, right = st.columns([3, 2])
     fill = left.radio(t("faith_page.fill"), fills, key="faith_fill", horizontal=True,
                       format_func=lambda f: t(f"faithfulness.fill_{f}"), help=t("faith_page.fill_help"))
