@@ -51,6 +51,10 @@ class RelevanceError(AttnvizError, ValueError):
     """Class-specific maps cannot be computed for this model (e.g. it has no classifier head)."""
 
 
+class FaithfulnessError(AttnvizError, ValueError):
+    """A removal or ablation experiment this model cannot run (e.g. token removal on a RoPE model)."""
+
+
 class ExportError(AttnvizError, ValueError):
     """A file is not an attnviz export this version can read."""
 

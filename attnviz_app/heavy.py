@@ -7,6 +7,7 @@ stops (the tab closed) gives up its place.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Hashable, TypeVar
 
 import streamlit as st
@@ -50,9 +51,53 @@ def _owner() -> tuple[str, str]:
     return (ctx.session_id if ctx is not None else "", token)
 
 
-def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], working: str) -> T:
+class Cancelled(RuntimeError):
+    """The page's Cancel stopped this job (it is not cached; asking again runs it again)."""
+
+
+class Progress:
+    """How far a running job is, and a Cancel the page can press: pass it to the core function as its
+    ``progress(fraction)`` callback, which raises :class:`Cancelled` once cancelled (so the job ends,
+    uncached)."""
+
+    def __init__(self) -> None:
+        self.fraction = 0.0
+        self.cancelled = threading.Event()
+
+    def __call__(self, fraction: float) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled("cancelled on the page")
+        self.fraction = fraction
+
+
+@st.cache_resource(show_spinner=False)
+def _progress_board() -> dict:
+    """Progress of the jobs that report it, by job key (shared: sessions waiting on one job see one bar)."""
+    return {}
+
+
+def progress(kind: str, cap_key: tuple, args: tuple) -> Progress:
+    """The one :class:`Progress` of job (kind, cap_key, args), made on first use."""
+    return _progress_board().setdefault((kind, cap_key, args), Progress())
+
+
+def cancel(kind: str, cap_key: tuple, args: tuple) -> None:
+    """Stop the job (kind, cap_key, args) at its next step, for everyone waiting on it."""
+    board = _progress_board().pop((kind, cap_key, args), None)
+    if board is not None:
+        board.cancelled.set()
+
+
+def cached(kind: str, cap_key: tuple, args: tuple) -> bool:
+    """Whether the job's result is already in the shared cache (a page can show it without a button)."""
+    return bool(cap_key) and queue().cached((kind, cap_key, args))
+
+
+def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], working: str,
+        bar: Progress | None = None) -> T:
     """``compute()`` through the shared queue, keyed by (kind, capture key, args); waits with a spinner
-    (``working``) and the place in the queue. ``cap_key`` empty: computed here, unshared."""
+    (``working``; a progress bar when ``bar`` is given) and the place in the queue. ``cap_key`` empty:
+    computed here, unshared."""
     if not cap_key:
         with st.spinner(working):
             return compute()
@@ -73,11 +118,16 @@ def run(kind: str, cap_key: tuple, args: tuple, compute: Callable[[], T], workin
             place.empty()
             with st.spinner(working):
                 while not jobs.wait(job, POLL_S):
-                    place.empty()
+                    if bar is None:
+                        place.empty()
+                    else:
+                        place.progress(min(1.0, bar.fraction), text=working)
         except StopException:
             jobs.leave(owner)
             raise
         place.empty()
+        if bar is not None and _progress_board().get(key) is bar:
+            del _progress_board()[key]  # finished (or failed): the next request starts a fresh bar
         try:
             return job.result()
         except JobCancelled:  # dropped between two polls (this session asked for another job): ask again

@@ -388,6 +388,21 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
     st.caption(t("lesson.explain.caveats"))
 
 
+def all_maps(model: Model, cap: Capture, key: tuple) -> None:
+    """The same test for every map the app draws, measured on this photo (the Explore page's
+    "Does attention explain?" view; one shared job, so either page's result serves both)."""
+    from attnviz_app.views import faithfulness as faith_view
+
+    st.subheader(t("lesson.explain.all_maps_title"))
+    st.markdown(t("lesson.explain.all_maps_intro"))
+    fills, why_not = faith_view.fills_for(model)
+    if why_not:
+        st.caption(why_not)
+    result = faith_view.measure_or_wait(model, cap, key, fills[0], False, "lesson_faith")
+    if result is not None:
+        faith_view.results(result)
+
+
 # --- The page ----------------------------------------------------------------------------------
 
 classroom.chrome(present=False)
@@ -422,3 +437,4 @@ with tabs[5]:
     step_cost(model)
 with tabs[6]:
     step_not_explanation(model, cap, cap_key, layer)
+    all_maps(model, cap, cap_key)  # every map on this photo, whether or not the test above was run

@@ -1,0 +1,174 @@
+"""Causal head ablation: switch a head off and see whether the output cares.
+
+Head h of layer l is switched off by zeroing its slice of the attention output, softmax(q kᵀ · scale) v
+for that head, before the output projection (Michel, Levy & Neubig 2019, "Are Sixteen Heads Really
+Better than One?"; the zero ablation ViT-Prisma offers). The output followed is the one of
+:mod:`attnviz.faithfulness`: the effect of a head is 1 − cos(f, f₀) of the output features for a
+backbone, and the drop in the probability of the originally predicted class for a classifier.
+
+The whole L × H grid reuses what does not change: the blocks before layer l see the untouched photo,
+so their output is computed once and every ablated run starts at layer l. The runs advance together
+(one batch that grows by H rows at each layer), H · L (L + 1) / 2 block passes in all, about half of
+L · H full forward passes. Beside each head's effect stand two attention statistics, so that "does a
+head that attends to the object matter?" is a rank correlation on this photo.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from . import interventions
+from .capture import Capture
+from .errors import FaithfulnessError
+from .faithfulness import Measure, follow, measure_of
+from .models import Model
+from .rollout import rollout_map
+
+TOP_SHARE = 0.1  # "the object": the top 10 % of patches by rollout
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (ties get their mean rank); NaN when either side is constant."""
+    def ranks(v: np.ndarray) -> np.ndarray:
+        v = np.asarray(v, dtype=np.float64).ravel()
+        order = np.argsort(v, kind="stable")
+        r = np.empty(v.size)
+        r[order] = np.arange(v.size, dtype=np.float64)
+        for value in np.unique(v):  # ties: their mean rank
+            same = v == value
+            r[same] = r[same].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+@dataclass(frozen=True)
+class HeadAblation:
+    """Every head's effect on the output when switched off alone, next to its attention statistics."""
+
+    measure: Measure
+    effect: np.ndarray  # (L, H): 1 − cosine similarity, or the drop of the predicted class's probability
+    entropy: np.ndarray  # (L, H): entropy in bits of the head's class-token attention over the patches
+    top_share: np.ndarray  # (L, H): share of that attention on the rollout's top 10 % patches
+    target: int | None = None
+    target_label: str | None = None
+    base_probability: float | None = None
+
+    @property
+    def entropy_correlation(self) -> float:
+        return spearman(self.effect, self.entropy)
+
+    @property
+    def share_correlation(self) -> float:
+        return spearman(self.effect, self.top_share)
+
+    def to_json(self) -> list[list[float]]:
+        """One list per layer (layer 1 first), one effect per head (head 1 first)."""
+        return self.effect.tolist()
+
+
+def _check(model: Model) -> None:
+    reason = interventions.refusal(model)
+    if reason is not None:
+        raise FaithfulnessError(reason)
+
+
+def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
+    """(L, H) entropy (bits) of each head's class-token row over the patches (renormalised), and (L, H)
+    share of that row on the rollout's top 10 % patches. Without a class token: the mean attention
+    each patch receives, per head."""
+    p = cap.num_prefix_tokens
+    rolled = rollout_map(cap).ravel()
+    top = np.argsort(-rolled, kind="stable")[: max(1, int(round(TOP_SHARE * rolled.size)))]
+    entropy = np.empty((cap.num_layers, cap.num_heads))
+    share = np.empty_like(entropy)
+    for layer in range(cap.num_layers):
+        if cap.has_class_token:
+            rows = cap.layer_rows(layer, 0)[:, p:].double()  # (H, P)
+        else:
+            rows = cap.layer_weights(layer)[:, p:, p:].double().mean(1)  # (H, P): mean received
+        rows = (rows / rows.sum(-1, keepdim=True)).cpu().numpy()
+        entropy[layer] = -(rows * np.log2(np.clip(rows, 1e-300, None))).sum(-1)
+        share[layer] = rows[:, top].sum(-1)
+    return entropy, share
+
+
+@torch.inference_mode()
+def head_ablation(model: Model, cap: Capture, progress: Callable[[float], None] | None = None) -> HeadAblation:
+    """Switch off each of the L × H heads alone on ``cap``'s photo; ``progress(fraction)`` after each layer
+    (raising from it stops the run)."""
+    _check(model)
+    network = model.network
+    depth, heads = len(network.blocks), network.blocks[0].attn.num_heads
+    stream = interventions.embed(network, cap.input)  # (1, N, D)
+    before = []  # the residual stream entering each layer, untouched photo
+    for block in network.blocks:
+        before.append(stream)
+        stream = interventions.block_forward(block, stream)
+    base = interventions.readout(network, stream)[0]  # (C,)
+
+    running = stream.new_empty((0, *stream.shape[1:]))  # (B, N, D): the ablated runs so far
+    total, done = depth * (depth + 1) / 2, 0
+    for layer, block in enumerate(network.blocks):
+        fresh = before[layer].expand(heads, -1, -1)  # one new run per head of this layer
+        on = torch.ones(running.shape[0] + heads, heads)
+        on[running.shape[0] + torch.arange(heads), torch.arange(heads)] = 0.0  # row of head h: h off
+        running = interventions.block_forward(block, torch.cat([running, fresh]), on)
+        done += layer + 1
+        if progress is not None:
+            progress(done / total)
+    out = interventions.readout(network, running)  # (L · H, C): layer-major
+    measure = measure_of(model)
+    target = int(base.argmax()) if measure == "probability" else None
+    kept = follow(out.float(), base.float(), measure, target)  # (L · H,)
+    if measure == "probability":
+        p0 = float(follow(base[None].float(), base.float(), measure, target)[0])
+        effect = p0 - kept
+    else:
+        p0, effect = None, 1.0 - kept
+    entropy, share = head_statistics(cap)
+    return HeadAblation(
+        measure=measure, effect=effect.reshape(depth, heads), entropy=entropy, top_share=share, target=target,
+        target_label=None if target is None else model.labels[target], base_probability=p0,
+    )
+
+
+def _heads_on(network, off: Iterable[tuple[int, int]]) -> list[torch.Tensor]:
+    depth, heads = len(network.blocks), network.blocks[0].attn.num_heads
+    on = [torch.ones(1, heads) for _ in range(depth)]
+    for layer, head in off:
+        if not (0 <= layer < depth and 0 <= head < heads):
+            raise IndexError(f"head ({layer}, {head}) is outside {depth} layers × {heads} heads (0-based)")
+        on[layer][0, head] = 0.0
+    return on
+
+
+@torch.inference_mode()
+def ablated_capture(model: Model, cap: Capture, off: Iterable[tuple[int, int]]) -> Capture:
+    """``cap``'s photo re-run with the heads ``off`` ((layer, head), 0-based) switched off together: a
+    Capture of the ablated network (its q, k, output and token norms), so every map can be redrawn."""
+    _check(model)
+    network, off = model.network, tuple(off)
+    on = _heads_on(network, off)
+    x = interventions.embed(network, cap.input)  # (1, N, D)
+    record: list = []
+    norms = []
+    for layer, block in enumerate(network.blocks):
+        x = interventions.block_forward(block, x, on[layer], record)
+        norms.append(x[0].norm(dim=-1))  # (N,)
+    output = interventions.readout(network, x)[0]
+    query = torch.stack([q[0] for q, _ in record])  # (L, H, N, d_k)
+    key = torch.stack([k[0] for _, k in record])
+    return replace(cap, query=query.to(cap.query.dtype), key=key.to(cap.key.dtype), output=output,
+                   token_norms=torch.stack(norms).to(cap.query.dtype))
+
+
+def ablated_outputs(model: Model, cap: Capture, off: Iterable[tuple[int, int]]) -> torch.Tensor:
+    """(C,): the output with the heads ``off`` switched off together."""
+    return ablated_capture(model, cap, off).output

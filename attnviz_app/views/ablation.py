@@ -1,0 +1,161 @@
+"""Switch heads off: the L × H grid of effects beside each head's attention statistic, and click-to-ablate
+(attnviz.ablation)."""
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from attnviz import ablation, interventions, render
+from .. import heavy
+from ..text import t
+
+from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
+from .common import enlarge
+
+KIND = "ablation"
+OFF = "ablation_off"  # the heads switched off in this session: sorted list of "layer-head" (0-based)
+CLICKS = "ablation_clicks"  # bumps the grid's key, so the same cell can be clicked again
+
+
+def head_key(layer: int, head: int) -> str:
+    return f"{layer}-{head}"
+
+
+def parse(key: str) -> tuple[int, int]:
+    layer, head = key.split("-")
+    return int(layer), int(head)
+
+
+def _clicked() -> None:
+    chart = st.session_state.get(f"ablation_grid_{st.session_state.get(CLICKS, 0)}")
+    try:
+        points = list(chart["selection"]["cell"] or [])
+    except (KeyError, TypeError):
+        points = []
+    if not points:
+        return
+    key = head_key(int(points[0]["layer"]) - 1, int(points[0]["head"]) - 1)
+    off = set(st.session_state.get(OFF, []))
+    off ^= {key}  # a click switches that head off, or back on
+    st.session_state[OFF] = sorted(off, key=parse)
+    st.session_state[CLICKS] = st.session_state.get(CLICKS, 0) + 1
+
+
+def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, scheme: str) -> alt.Chart:
+    layers, heads = values.shape
+    cells = pd.DataFrame([{"layer": l + 1, "head": h + 1, "value": float(values[l, h]),
+                           "off": head_key(l, h) in off} for l in range(layers) for h in range(heads)])
+    chart = alt.Chart(cells).mark_rect(stroke="white").encode(
+        x=alt.X("head:O", title=t("ablation_page.head"), axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("layer:O", title=t("ablation_page.layer")),
+        color=alt.Color("value:Q", scale=alt.Scale(scheme=scheme), legend=alt.Legend(orient="bottom", title=None)),
+        strokeWidth=alt.condition("datum.off", alt.value(3), alt.value(0.5)),
+        tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("head:O"),
+                 alt.Tooltip("value:Q", format=".4f", title=title)],
+    )
+    marks = alt.Chart(cells[cells["off"]]).mark_text(text="✕", fontSize=14, color="white").encode(
+        x="head:O", y="layer:O")
+    if clickable:
+        chart = chart.add_params(alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False))
+    return alt.layer(chart, marks).properties(width=alt.Step(max(12, min(42, 300 // heads))),
+                                             height=alt.Step(max(8, min(24, 330 // layers))))
+
+
+def measured_grid(ctx: Context) -> ablation.HeadAblation | None:
+    model, cap, key = ctx.model, ctx.cap, ctx.cap_key
+    args = ()
+    slot = st.empty()
+    if not heavy.cached(KIND, key, args):
+        passes = cap.num_heads * (cap.num_layers + 1) / 2
+        if not slot.button(t("ablation_page.run"), key="ablation_run", type="primary") and \
+                st.session_state.get("ablation_asked") != key:
+            st.caption(t("ablation_page.press", passes=passes))
+            return None
+        st.session_state["ablation_asked"] = key
+    bar = heavy.progress(KIND, key, args)
+    try:
+        result = heavy.run(KIND, key, args, lambda: ablation.head_ablation(model, cap, progress=bar),
+                           t("ablation_page.running"), bar=bar)
+        slot.empty()
+        return result
+    except heavy.Cancelled:
+        return None
+
+
+def correlation_sentence(result: ablation.HeadAblation, statistic: str) -> str:
+    rho = result.entropy_correlation if statistic == "entropy" else result.share_correlation
+    if math.isnan(rho):
+        return t("ablation_page.corr_none")
+    said = t("ablation_page.correlation", statistic=t(f"ablation_page.corr_{statistic}"), rho=rho,
+             n=result.effect.size)
+    # "matter more" when heads that are focused (low entropy) or on the object (high share) have larger effects
+    strong = (rho <= -0.3) if statistic == "entropy" else (rho >= 0.3)
+    return said + " " + t("ablation_page.corr_strong" if strong else "ablation_page.corr_weak")
+
+
+def show(ctx: Context) -> None:
+    model, cap = ctx.model, ctx.cap
+    reason = interventions.refusal(model)
+    if reason is not None:
+        st.info(reason)
+        return
+    st.markdown(t("ablation_page.explain"))
+    off_keys = [k for k in st.session_state.get(OFF, []) if parse(k)[0] < cap.num_layers and parse(k)[1] < cap.num_heads]
+    result = measured_grid(ctx)
+    if result is not None:
+        if result.measure == "probability":
+            effect_title = t("ablation_page.effect_probability", label=result.target_label)
+        else:
+            effect_title = t("ablation_page.effect_cosine")
+        statistic = st.radio(t("ablation_page.statistic"), ["entropy", "share"], key="ablation_statistic",
+                             horizontal=True, format_func=lambda s: t(f"ablation_page.{s}"))
+        values = result.entropy if statistic == "entropy" else result.top_share
+        left, right = st.columns(2)
+        with left:
+            st.markdown(f"**{t('ablation_page.effect_title')}**")
+            st.caption(effect_title)
+            st.altair_chart(grid_chart(result.effect, effect_title, set(off_keys), True, "reds"),
+                            key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
+                            selection_mode="cell", width="content")
+        with right:
+            st.markdown(f"**{t('ablation_page.statistic')}**")
+            st.caption(t(f"ablation_page.{statistic}"))
+            st.altair_chart(grid_chart(values, t(f"ablation_page.{statistic}"), set(off_keys), False, "blues"),
+                            width="content")
+        st.info(correlation_sentence(result, statistic))
+
+    options = [head_key(l, h) for l in range(cap.num_layers) for h in range(cap.num_heads)]
+    st.session_state[OFF] = off_keys
+    chosen = st.multiselect(t("ablation_page.off"), options, key=OFF, help=t("ablation_page.off_help"),
+                            format_func=lambda k: t("ablation_page.head_name", layer=parse(k)[0] + 1,
+                                                    head=parse(k)[1] + 1))
+    if not chosen:
+        st.caption(t("ablation_page.none_off"))
+        return
+    off = [parse(k) for k in chosen]
+    ablated = ablation.ablated_capture(model, cap, off)  # one forward pass
+    before, after = cap.summary_map(ctx.layer, "mean"), ablated.summary_map(ctx.layer, "mean")
+    pictures = st.columns(2)
+    for column, grid_map, title in ((pictures[0], before, t("ablation_page.before")),
+                                    (pictures[1], after, t("ablation_page.after", count=len(off)))):
+        picture = enlarge(render.overlay(ctx.view, grid_map, ctx.alpha, ctx.cmap, ctx.smooth))
+        column.markdown(f"**{title}**")
+        column.image(picture, caption=t("ablation_page.map_caption", layer=ctx.layer + 1,
+                                        lo=float(grid_map.min()), hi=float(grid_map.max())))
+    if model.labels is None:
+        cos = float(np.dot(ablated.output.double(), cap.output.double()) /
+                    (ablated.output.double().norm() * cap.output.double().norm()))
+        st.info(t("ablation_page.output_cosine", cos=cos))
+    else:
+        target = int(cap.output.argmax())
+        p0 = float(cap.output.double().softmax(-1)[target])
+        p1 = float(ablated.output.double().softmax(-1)[target])
+        st.info(t("ablation_page.output_probability", label=model.labels[target], before=p0, after=p1,
+                  top=model.labels[int(ablated.output.argmax())]))
+
+
+register(View("ablation", show, controls=frozenset({LAYER, OPACITY, COLOURS, SMOOTH}), order=94))

@@ -1,0 +1,130 @@
+"""Head ablation (attnviz/ablation.py) against an independent recomputation.
+
+The reference switches a head off in a copy of the network with a forward pre-hook on that layer's
+attention projection, which zeroes the head's slice of the projection's input, then runs the copy's
+own forward (timm's Attention, fused path) on the whole photo: no reuse of earlier layers, no code
+from attnviz. Every effect must agree within 1e-4.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import attnviz
+from attnviz import ablation
+from attnviz.errors import FaithfulnessError
+
+from conftest import tiny_vit
+
+
+def reference_output(network, x, off):
+    twin = copy.deepcopy(network)
+    d = twin.blocks[0].attn.head_dim
+    for layer, head in off:
+        def zero(_module, args, head=head):
+            y = args[0].clone()
+            y[..., head * d:(head + 1) * d] = 0.0
+            return (y,)
+        twin.blocks[layer].attn.proj.register_forward_pre_hook(zero)
+    with torch.no_grad():
+        return twin(x)[0].double()
+
+
+def reference_grid(model, cap):
+    base = reference_output(model.network, cap.input, [])
+    grid = np.zeros((model.depth, model.num_heads))
+    for layer in range(model.depth):
+        for head in range(model.num_heads):
+            out = reference_output(model.network, cap.input, [(layer, head)])
+            if model.labels is None:
+                grid[layer, head] = 1 - float(torch.nn.functional.cosine_similarity(out, base, dim=0))
+            else:
+                target = int(base.argmax())
+                grid[layer, head] = float(base.softmax(0)[target] - out.softmax(0)[target])
+    return grid
+
+
+def capture_of(model, seed=0):
+    return attnviz.capture_tensor(model, torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed)))
+
+
+@pytest.mark.parametrize("classes", [10, 0])
+def test_every_effect_equals_the_reference(classes):
+    model = tiny_vit(num_classes=classes, seed=2)
+    cap = capture_of(model)
+    result = ablation.head_ablation(model, cap)
+    assert result.measure == ("probability" if classes else "cosine")
+    assert result.effect.shape == (2, 4)
+    assert np.abs(result.effect - reference_grid(model, cap)).max() <= 1e-4
+    assert np.abs(result.effect).max() > 1e-3  # the heads matter at all: a zero grid would pass trivially
+
+
+def test_statistics_and_their_rank_correlation():
+    model = tiny_vit(seed=3)
+    cap = capture_of(model)
+    result = ablation.head_ablation(model, cap)
+    p = cap.num_prefix_tokens
+    row = cap.layer_rows(1, 0)[2, p:].double().numpy()
+    row = row / row.sum()
+    assert result.entropy[1, 2] == pytest.approx(-(row * np.log2(row)).sum(), abs=1e-9)
+    top = np.argsort(-attnviz.rollout_map(cap).ravel(), kind="stable")[:2]  # 10 % of 16 patches, rounded
+    assert result.top_share[1, 2] == pytest.approx(row[top].sum(), abs=1e-9)
+    assert ablation.spearman(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == pytest.approx(1.0)
+    assert ablation.spearman(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == pytest.approx(-1.0)
+    assert ablation.spearman(np.array([1, 2, 2, 3]), np.array([1, 2, 3, 4])) == pytest.approx(0.9486832980505138)
+    assert result.entropy_correlation == pytest.approx(ablation.spearman(result.effect, result.entropy))
+
+
+def test_several_heads_off_at_once_redraws_every_map():
+    model = tiny_vit(seed=4)
+    with torch.no_grad():
+        for block in model.network.blocks:
+            block.attn.qkv.weight[:64] *= 4.0  # peaked attention, as in a trained model
+    cap = capture_of(model)
+    off = [(0, 1), (0, 3), (1, 0)]
+    ablated = ablation.ablated_capture(model, cap, off)
+    reference = reference_output(model.network, cap.input, off)
+    assert torch.allclose(ablated.output.double(), reference, atol=1e-5)
+    # Layer 1's attention is unchanged (nothing before it was switched off); layer 2's is not.
+    assert np.abs(ablated.cls_map(0, "mean") - cap.cls_map(0, "mean")).max() < 1e-6
+    assert np.abs(ablated.cls_map(1, "mean") - cap.cls_map(1, "mean")).max() > 1e-3
+    # Layer 2's weights are those of the copy with layer 1's heads off, read eagerly.
+    twin = copy.deepcopy(model.network)
+    d = twin.blocks[0].attn.head_dim
+    twin.blocks[0].attn.proj.register_forward_pre_hook(
+        lambda _m, a: (a[0] * torch.tensor([0.0 if h in (1, 3) else 1.0 for h in range(4)]).repeat_interleave(d),))
+    seen = []
+    twin.blocks[1].attn.fused_attn = False
+    twin.blocks[1].attn.attn_drop.register_forward_hook(lambda _m, a, _o: seen.append(a[0][0]))
+    with torch.no_grad():
+        twin(cap.input)
+    assert torch.allclose(ablated.layer_weights(1), seen[0], atol=1e-5)
+    with pytest.raises(IndexError):
+        ablation.ablated_capture(model, cap, [(2, 0)])
+
+
+def test_ablation_is_refused_with_one_sentence_for_rope():
+    import timm
+
+    torch.manual_seed(0)
+    network = timm.create_model("vit_small_patch16_rope_224", pretrained=False, num_classes=3, img_size=32,
+                                depth=1, embed_dim=32, num_heads=2).eval()
+    model = attnviz.wrap(network, "rope", "random init", 32)
+    cap = attnviz.capture_tensor(model, torch.randn(1, 3, 32, 32))
+    with pytest.raises(FaithfulnessError, match="not available") as error:
+        ablation.head_ablation(model, cap)
+    assert "\n" not in str(error.value)
+
+
+def test_real_model_grid_equals_the_reference_on_some_heads(real_model):
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("cat"), real_model).image)
+    result = ablation.head_ablation(real_model, cap)
+    assert result.effect.shape == (12, 6) and result.measure == "cosine"
+    base = reference_output(real_model.network, cap.input, [])
+    for layer, head in [(0, 0), (5, 3), (11, 5), tuple(np.unravel_index(result.effect.argmax(), (12, 6)))]:
+        out = reference_output(real_model.network, cap.input, [(int(layer), int(head))])
+        expected = 1 - float(torch.nn.functional.cosine_similarity(out, base, dim=0))
+        assert result.effect[layer, head] == pytest.approx(expected, abs=1e-4)

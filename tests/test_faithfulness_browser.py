@@ -1,0 +1,188 @@
+"""Issue #20's views on the real page in headless Chromium, with the offline model on the sample photo.
+
+A head switched off by a click on the effect grid redraws the map and the output sentence with this
+capture's numbers; a click on the neuron view's picture picks the query patch, and the weight shown is
+``cap.weights``'s; the faithfulness run shows a progress bar and stops on Cancel. With ``--slow`` the
+whole faithfulness panel runs (about a minute on the shared 2-core machine) and, with
+``ATTNVIZ_SHOTS=folder``, screenshots are taken at desktop, projector and phone sizes.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attnviz
+from attnviz import ablation, faithfulness as fa
+from conftest import ASSETS
+from serve import chromium, require_chromium, streamlit_server
+from test_classroom_browser import PHONE_UA, settle
+
+SHOTS = Path(os.environ["ATTNVIZ_SHOTS"]) if os.environ.get("ATTNVIZ_SHOTS") else None
+LABELS = {"faithfulness": "Does attention explain? All maps tested", "ablation": "Switch heads off (causal test)",
+          "neuron": "One weight, from q and k (neuron view)"}
+SIZES = {"desktop": dict(viewport={"width": 1400, "height": 1000}),
+         "projector": dict(viewport={"width": 1280, "height": 720}),
+         "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, user_agent=PHONE_UA,
+                       device_scale_factor=2)}
+
+
+@pytest.fixture(scope="module")
+def server():
+    require_chromium()
+    with streamlit_server() as (url, _proc), chromium() as browser:
+        yield url, browser
+
+
+@pytest.fixture(scope="module")
+def cat_capture(real_model):
+    return attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+
+
+def shot(page, name: str) -> None:
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=SHOTS / f"{name}.png")
+
+
+def open_view(page, url: str, key: str) -> None:
+    page.goto(url)
+    page.locator("[data-testid='stImage'] img").first.wait_for(timeout=180_000)  # the first heatmap: model ready
+    settle(page)
+    box = page.locator(".st-key-view input")
+    option = page.get_by_role("option").filter(has_text=LABELS[key]).first
+    for _ in range(3):
+        box.click()
+        try:
+            option.wait_for(timeout=5_000)
+            break
+        except Exception:
+            page.keyboard.press("Escape")
+    option.click()
+    page.locator(f".st-key-view input[value^='{LABELS[key][:12]}']").wait_for(timeout=30_000)
+    settle(page)
+
+
+def click_in(page, selector: str, fx: float, fy: float) -> None:
+    """Click at fractions (fx, fy) of the drawn marks of the chart inside ``selector``."""
+    marks = page.locator(f"{selector} .marks").first
+    marks.wait_for(timeout=60_000)
+    box = marks.bounding_box()
+    page.mouse.click(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+
+
+@pytest.mark.browser
+def test_click_a_head_off_and_pick_a_query_patch(server, real_model, cat_capture):
+    url, browser = server
+    page = browser.new_context(**SIZES["desktop"]).new_page()
+    open_view(page, url, "ablation")
+    page.locator(".st-key-ablation_run button").click()
+    page.get_by_text("rank correlation (Spearman)").wait_for(timeout=180_000)
+    settle(page)
+    grid = ablation.head_ablation(real_model, cat_capture)
+    text = page.locator("[data-testid='stAlertContentInfo']").first.inner_text()
+    assert f"{grid.entropy_correlation:+.2f} over the 72 heads" in text
+    page.locator(".st-key-ablation_grid_0").scroll_into_view_if_needed()
+    shot(page, "ablation_desktop_en_grid")
+    click_in(page, ".st-key-ablation_grid_0", 0.55, 0.45)  # one cell of the effect grid
+    page.get_by_text(re.compile(r"Without 1 head")).wait_for(timeout=60_000)
+    settle(page)
+    page.locator("[data-testid='stMultiSelect']").first.scroll_into_view_if_needed()
+    shot(page, "ablation_desktop_en_off")
+    chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
+    layer, head = (int(n) for n in re.search(r"layer (\d+), head (\d+)", chosen).groups())
+    ablated = ablation.ablated_capture(real_model, cat_capture, [(layer - 1, head - 1)])
+    out, base = ablated.output.double(), cat_capture.output.double()
+    cos = float(out @ base / (out.norm() * base.norm()))
+    said = " ".join(page.locator("[data-testid='stAlertContentInfo']").all_inner_texts())
+    assert f"cosine similarity {cos:.4f}" in said, said
+
+    open_view(page, url, "neuron")
+    click_in(page, ".st-key-neuron_query_chart", 0.1, 0.1)  # the top-left patch
+    page.get_by_text("Query patch (row 2, column 2)").or_(page.get_by_text("Query patch (row 1, column 1)")) \
+        .first.wait_for(timeout=60_000)
+    settle(page)
+    title = page.get_by_text(re.compile(r"Query patch \(row \d+, column \d+\)")).first.inner_text()
+    row, col = (int(n) - 1 for n in re.findall(r"\d+", title))
+    key_title = page.get_by_text(re.compile(r"Key patch \(row \d+, column \d+\)")).first.inner_text()
+    krow, kcol = (int(n) - 1 for n in re.findall(r"\d+", key_title))
+    layer = 11  # the page's default layer: the last
+    weight = float(cat_capture.weights(layer, 0)[1 + row * 14 + col, 1 + krow * 14 + kcol])
+    assert f"{weight:.6f}" in " ".join(page.locator("[data-testid='stMarkdown']").all_inner_texts())
+    shot(page, "neuron_desktop_en")
+    page.locator("[data-testid='stVegaLiteChart']").last.scroll_into_view_if_needed()
+    shot(page, "neuron_desktop_en_strip")
+
+
+@pytest.mark.browser
+def test_faithfulness_shows_progress_and_cancels(server):
+    url, browser = server
+    page = browser.new_context(**SIZES["projector"]).new_page()
+    open_view(page, url, "faithfulness")
+    page.locator(".st-key-faith_fill").get_by_text("blur fill").click()  # a setting no other test measures
+    settle(page)
+    page.locator(".st-key-faith_run button").click()
+    page.locator("[data-testid='stProgress']").first.wait_for(timeout=60_000)
+    page.locator(".st-key-faith_cancel button").click()
+    page.get_by_text("Cancelled: nothing was measured.").wait_for(timeout=60_000)
+    assert page.locator("[data-testid='stVegaLiteChart']").count() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_faithfulness_panel_at_three_sizes(server, real_model, cat_capture):
+    url, browser = server
+    result = fa.faithfulness(real_model, cat_capture, fill="token")
+    for name, size in SIZES.items():
+        page = browser.new_context(**size).new_page()
+        open_view(page, url, "faithfulness")
+        page.locator(".st-key-faith_run button").click()  # the first size runs it; the others read the shared result
+        page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=300_000)
+        settle(page)
+        said = page.locator("[data-testid='stAlertContentInfo']").first.inner_text()
+        assert said == fa.sentence(result), said
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= size["viewport"]["width"], (name, width)
+        shot(page, f"faithfulness_{name}_en")
+        page.locator("[data-testid='stVegaLiteChart']").first.scroll_into_view_if_needed()
+        shot(page, f"faithfulness_{name}_en_chart")
+        page.locator("[data-testid='stDataFrame']").first.scroll_into_view_if_needed()
+        shot(page, f"faithfulness_{name}_en_table")
+        if name == "desktop":  # the same result, read in Chinese
+            page.locator(".st-key-lang input").click()
+            page.get_by_role("option", name="繁體中文").click()
+            page.get_by_text("在這張照片上").first.wait_for(timeout=120_000)
+            settle(page)
+            assert page.locator("[data-testid='stAlertContentInfo']").first.inner_text() == fa.sentence(result, "zh-TW")
+            page.locator("[data-testid='stVegaLiteChart']").first.scroll_into_view_if_needed()
+            shot(page, "faithfulness_desktop_zh_chart")
+        page.close()
+    # The lesson's last step shows the same measurement of this photo (one shared job: no second run).
+    page = browser.new_context(**SIZES["desktop"]).new_page()
+    open_view(page, url, "faithfulness")
+    page.get_by_role("link", name="Lesson: how attention works").click()
+    page.get_by_role("tab").first.wait_for(timeout=120_000)
+    page.get_by_role("tab", name="7 · Is attention an explanation?").click()
+    page.get_by_text("Every map, tested the same way").wait_for(timeout=120_000)
+    page.get_by_text(fa.sentence(result)).wait_for(timeout=120_000)
+    settle(page)
+    page.get_by_text("Every map, tested the same way").scroll_into_view_if_needed()
+    shot(page, "lesson_step7_desktop_en")
+    page.close()
+    for key in ("ablation", "neuron"):  # the phone: the grid (measured by the test above) and the neuron view
+        page = browser.new_context(**SIZES["phone"]).new_page()
+        open_view(page, url, key)
+        if key == "ablation":
+            if page.locator(".st-key-ablation_run button").count():  # not measured on this server yet
+                page.locator(".st-key-ablation_run button").click()
+            page.get_by_text("rank correlation (Spearman)").wait_for(timeout=180_000)
+            settle(page)
+        page.locator("[data-testid='stVegaLiteChart']").first.scroll_into_view_if_needed()
+        shot(page, f"{key}_phone_en")
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 390, (key, width)
+        page.close()
+    assert np.isfinite([c.deletion_area for c in result.curves]).all()
