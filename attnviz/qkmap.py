@@ -1,0 +1,417 @@
+"""The Q/K map of one head: every token's query and key as points in one 2-D picture.
+
+AttentionViz (Yeh et al., IEEE VIS 2023, "AttentionViz: A Global View of Transformer Attention")
+embeds the query and key vectors of one head jointly: a query lands near the keys it attends to
+(a large q · k), and clusters show what the head sorts by — position, colour, the object. attnviz's
+capture already holds every layer's exact queries and keys, so the map of one photo, or of a
+dataset run's stored captures (``attnviz dataset --store qk``), is a projection away.
+
+Data flows one way::
+
+    captures → (P, d_k) points: each photo's N queries, then its N keys     (P = photos · 2N)
+             → normalised (AttentionViz's translation and scaling, or none)
+             → (P, 2) coordinates: PCA (exact, numpy SVD), UMAP or t-SNE (optional packages)
+             → QKMap, with its statistics (how well 2-D distance follows q · k, how well position explains it)
+
+Layers and heads are 0-based here, as in :class:`attnviz.Capture`; the page and the CLI count from 1.
+"""
+from __future__ import annotations
+
+import colorsys
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+
+from .capture import Capture
+
+Method = Literal["pca", "umap", "tsne"]
+Normalize = Literal["attentionviz", "none"]
+METHODS: tuple[str, ...] = ("pca", "umap", "tsne")
+NORMALIZATIONS: tuple[str, ...] = ("attentionviz", "none")
+COLOURINGS: tuple[str, ...] = ("row", "column", "brightness", "hue", "cls_attention", "photo")
+MAX_PHOTOS = 200  # the most photos one map takes (200 × 394 points ≈ 79 000 at 196 px)
+_PACKAGES = {"umap": ("umap", "umap-learn"), "tsne": ("sklearn", "scikit-learn")}
+STAT_PAIRS = 200_000  # (query, key) pairs the rank correlation samples, when a map has more
+
+
+class ProjectionUnavailable(ImportError):
+    """UMAP or t-SNE asked for without its package; ``str()`` is one sentence naming the pip command."""
+
+
+def available(method: str) -> bool:
+    """Whether ``method`` can run here (PCA always; UMAP and t-SNE need their optional packages)."""
+    return method == "pca" or (method in _PACKAGES and importlib.util.find_spec(_PACKAGES[method][0]) is not None)
+
+
+def missing_message(method: str) -> str:
+    module, package = _PACKAGES[method]
+    name = {"umap": "UMAP", "tsne": "t-SNE"}[method]
+    return f"{name} needs the {package} package: pip install 'attnviz[qk]' (or pip install {package})."
+
+
+@dataclass(frozen=True, eq=False)
+class QKMap:
+    """One head's queries and keys as 2-D points. Point ``i`` is the ``kind[i]`` vector ("query" or "key")
+    of token ``token[i]`` of photo ``photo[i]``; per photo its N queries come first, then its N keys.
+
+    ``vectors`` are the points before projection: exactly the capture's q and k when ``normalize`` is
+    ``"none"``, else AttentionViz's normalised ones (:func:`normalise`).
+    """
+
+    layer: int  # 0-based
+    head: int  # 0-based
+    method: str
+    normalize: str
+    xy: np.ndarray  # (P, 2) float64: the 2-D coordinates
+    is_key: np.ndarray  # (P,) bool: False for a query point, True for a key point
+    photo: np.ndarray  # (P,) int: which capture (0-based, in the order given)
+    token: np.ndarray  # (P,) int: token index in its photo (prefix tokens first, then patches in raster order)
+    vectors: np.ndarray  # (P, d_k) float64: the points that were projected
+    logits: tuple[np.ndarray, ...]  # per photo (N, N) float64: q · kᵀ · scale (+ bias), what enters softmax
+    grid: tuple[int, int]  # (h, w) patches
+    num_prefix_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.logits[0].shape[0]
+
+    @property
+    def num_photos(self) -> int:
+        return len(self.logits)
+
+    @property
+    def kind(self) -> np.ndarray:
+        """(P,) "query" / "key" per point."""
+        return np.where(self.is_key, "key", "query")
+
+    @property
+    def row(self) -> np.ndarray:
+        """(P,) patch row of each point's token, −1 for a prefix token."""
+        patch = self.token - self.num_prefix_tokens
+        return np.where(patch >= 0, patch // self.grid[1], -1)
+
+    @property
+    def column(self) -> np.ndarray:
+        """(P,) patch column of each point's token, −1 for a prefix token."""
+        patch = self.token - self.num_prefix_tokens
+        return np.where(patch >= 0, patch % self.grid[1], -1)
+
+    def index(self, photo: int, token: int, key: bool) -> int:
+        """The point of ``photo``'s ``token``'s query (``key=False``) or key."""
+        n = self.num_tokens
+        return photo * 2 * n + (n if key else 0) + token
+
+    def top_keys(self, photo: int, token: int, count: int = 5) -> np.ndarray:
+        """The ``count`` key tokens (of the same photo) that ``token``'s query attends to most, strongest first."""
+        logits = self.logits[photo][token]  # (N,): softmax is monotone, so the largest logits are the largest weights
+        return np.argsort(-logits, kind="stable")[:count]
+
+    def records(self) -> list[dict]:
+        """One plain record per point: kind, photo, token, x, y (the CLI's JSON)."""
+        kinds = self.kind
+        return [{"kind": str(kinds[i]), "photo": int(self.photo[i]), "token": int(self.token[i]),
+                 "x": float(self.xy[i, 0]), "y": float(self.xy[i, 1])} for i in range(len(self.token))]
+
+
+@dataclass(frozen=True)
+class QKStats:
+    """What a map shows, measured on its own points (the page's one sentence).
+
+    ``distance_rho``: Spearman rank correlation, over (query, key) pairs of the same photo, between the
+    logit q · k · scale and the 2-D distance of the two points — strongly negative when a query lands near
+    the keys it attends to. ``row_r`` / ``column_r``: multiple correlation R of the patch row / column
+    with the 2-D coordinates (least squares on x and y, patch tokens only) — near 1 when the map is laid
+    out by position.
+    """
+
+    distance_rho: float
+    row_r: float
+    column_r: float
+    pairs: int  # (query, key) pairs the rank correlation used
+
+
+# --- Normalisation ------------------------------------------------------------------------------
+
+def normalise(query: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """AttentionViz's normalisation of one head's (M, d_k) queries and keys: afterwards the key centroid is
+    the query centroid and the mean key norm is the mean query norm, and softmax(q · kᵀ) is unchanged.
+
+    Queries become c · q and keys (k + t) / c. The scaling leaves every q · k as it was; the translation t
+    moves every logit of one query by the same q · t, which softmax ignores. Both conditions at once fix
+    t = c² q̄ − k̄ and c² = mean ‖k − k̄ + c² q̄‖ / mean ‖q‖, solved by iteration: the right side changes by at
+    most ‖q̄‖ / mean ‖q‖ < 1 times any change of c², so it converges.
+    """
+    q_bar, k_bar = query.mean(0), key.mean(0)
+    spread = key - k_bar  # (M, d_k)
+    q_norm = np.linalg.norm(query, axis=1).mean()
+    s = np.linalg.norm(key, axis=1).mean() / q_norm  # c², started where the translation is left out
+    for _ in range(200):
+        new = np.linalg.norm(spread + s * q_bar, axis=1).mean() / q_norm
+        done = abs(new - s) <= 1e-14 * max(1.0, s)
+        s = new
+        if done:
+            break
+    c = np.sqrt(s)
+    return query * c, (spread + s * q_bar) / c
+
+
+# --- Projections --------------------------------------------------------------------------------
+
+def pca(points: np.ndarray) -> np.ndarray:
+    """(P, D) → (P, 2): the points on their first two principal axes (exact, numpy SVD of the centred points).
+
+    Each axis's sign is fixed so that its largest loading is positive (as scikit-learn's ``svd_flip``)."""
+    centred = points - points.mean(0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)  # vt: (D, D), rows the principal axes
+    axes = vt[:2]  # (2, D)
+    signs = np.sign(axes[np.arange(2), np.abs(axes).argmax(1)])
+    return centred @ (axes * signs[:, None]).T  # (P, 2)
+
+
+def project(points: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarray:
+    """(P, D) → (P, 2) by PCA, UMAP or t-SNE; :class:`ProjectionUnavailable` when the package is missing."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if method == "pca":
+        return pca(points)
+    if not available(method):
+        raise ProjectionUnavailable(missing_message(method))
+    if method == "umap":
+        import umap
+
+        return np.asarray(umap.UMAP(n_components=2, random_state=seed).fit_transform(points), dtype=np.float64)
+    from sklearn.manifold import TSNE
+
+    perplexity = float(min(30.0, max(5.0, (len(points) - 1) / 3)))
+    return np.asarray(TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed)
+                      .fit_transform(points), dtype=np.float64)
+
+
+# --- The map ------------------------------------------------------------------------------------
+
+def _captures(caps: Capture | Sequence[Capture]) -> list[Capture]:
+    caps = [caps] if isinstance(caps, Capture) else list(caps)
+    if not caps:
+        raise ValueError("a Q/K map needs at least one capture")
+    if len(caps) > MAX_PHOTOS:
+        raise ValueError(f"a Q/K map takes at most {MAX_PHOTOS} photos, not {len(caps)}")
+    first = caps[0]
+    for cap in caps[1:]:
+        if cap.query.shape != first.query.shape or tuple(cap.grid) != tuple(first.grid):
+            raise ValueError("the captures of one Q/K map must come from the same model at the same input size")
+    return caps
+
+
+def _check_head(cap: Capture, layer: int, head: int) -> None:
+    for name, value, count in (("layer", layer, cap.num_layers), ("head", head, cap.num_heads)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < count:
+            raise IndexError(f"{name} must be a whole number 0…{count - 1} (0-based), not {value!r}")
+
+
+def head_vectors(cap: Capture, layer: int, head: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, d_k), (N, d_k) float64: exactly the capture's queries and keys of one head."""
+    _check_head(cap, layer, head)
+    return (cap.query[layer, head].detach().cpu().double().numpy(),
+            cap.key[layer, head].detach().cpu().double().numpy())
+
+
+def _logits(cap: Capture, layer: int, head: int, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """(N, N) float64: the capture's own logits of one head, q · kᵀ · scale plus its relative-position bias if any."""
+    logits = (q * cap.scale) @ k.T
+    if cap.bias is not None:
+        logits = logits + cap.bias[layer, head].detach().cpu().double().numpy()
+    return logits
+
+
+def qk_map(caps: Capture | Sequence[Capture], layer: int, head: int, method: str = "pca",
+           normalize: str = "attentionviz", seed: int = 0) -> QKMap:
+    """The Q/K map of head (``layer``, ``head``), 0-based, of one capture or up to 200 of the same model."""
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, not {normalize!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    caps = _captures(caps)
+    pairs = [head_vectors(cap, layer, head) for cap in caps]
+    n = pairs[0][0].shape[0]
+    query = np.concatenate([q for q, _ in pairs])  # (photos · N, d_k)
+    key = np.concatenate([k for _, k in pairs])
+    if normalize == "attentionviz":
+        query, key = normalise(query, key)
+    # Per photo: its N queries, then its N keys.
+    vectors = np.concatenate([np.concatenate([query[i * n:(i + 1) * n], key[i * n:(i + 1) * n]])
+                              for i in range(len(caps))])  # (photos · 2N, d_k)
+    tokens = np.arange(n)
+    return QKMap(
+        layer=int(layer), head=int(head), method=method, normalize=normalize,
+        xy=project(vectors, method, seed),
+        is_key=np.tile(np.repeat([False, True], n), len(caps)),
+        photo=np.repeat(np.arange(len(caps)), 2 * n),
+        token=np.tile(np.concatenate([tokens, tokens]), len(caps)),
+        vectors=vectors,
+        logits=tuple(_logits(cap, layer, head, q, k) for cap, (q, k) in zip(caps, pairs)),
+        grid=tuple(caps[0].grid), num_prefix_tokens=caps[0].num_prefix_tokens,
+    )
+
+
+# --- Statistics ---------------------------------------------------------------------------------
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    ranks = np.empty(len(values))
+    ranks[np.argsort(values, kind="stable")] = np.arange(len(values))
+    return ranks
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation of two (M,) arrays (ties broken by order: the values here are real numbers)."""
+    ra, rb = _ranks(a) - (len(a) - 1) / 2, _ranks(b) - (len(b) - 1) / 2
+    return float((ra @ rb) / np.sqrt((ra @ ra) * (rb @ rb)))
+
+
+def multiple_r(target: np.ndarray, xy: np.ndarray) -> float:
+    """R of the least-squares fit target ≈ a + b·x + c·y: √(1 − residual / total variance), in [0, 1]."""
+    design = np.column_stack([np.ones(len(target)), xy])
+    fit, *_ = np.linalg.lstsq(design, target, rcond=None)
+    total = ((target - target.mean()) ** 2).sum()
+    if total == 0:
+        return 0.0
+    residual = ((target - design @ fit) ** 2).sum()
+    return float(np.sqrt(max(0.0, 1.0 - residual / total)))
+
+
+def statistics(qk: QKMap, max_pairs: int = STAT_PAIRS, seed: int = 0) -> QKStats:
+    """Measure ``qk``: rank correlation of q · k with 2-D distance, and how well position explains the layout."""
+    n = qk.num_tokens
+    logits, distances = [], []
+    for photo in range(qk.num_photos):
+        start = photo * 2 * n
+        q_xy, k_xy = qk.xy[start:start + n], qk.xy[start + n:start + 2 * n]  # (N, 2) each
+        logits.append(qk.logits[photo].ravel())
+        distances.append(np.linalg.norm(q_xy[:, None] - k_xy[None], axis=-1).ravel())  # (N · N,)
+    logits, distances = np.concatenate(logits), np.concatenate(distances)
+    if len(logits) > max_pairs:
+        keep = np.random.default_rng(seed).choice(len(logits), max_pairs, replace=False)
+        logits, distances = logits[keep], distances[keep]
+    patches = qk.token >= qk.num_prefix_tokens
+    return QKStats(
+        distance_rho=spearman(logits, distances),
+        row_r=multiple_r(qk.row[patches].astype(float), qk.xy[patches]),
+        column_r=multiple_r(qk.column[patches].astype(float), qk.xy[patches]),
+        pairs=len(logits),
+    )
+
+
+# --- Colours ------------------------------------------------------------------------------------
+
+def patch_colours(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
+    """(h, w), (h, w): each patch's mean brightness (0…1, Rec. 601 luma) and the hue (0…1) of its mean colour,
+    from the picture the model saw (recovered exactly from the capture's input)."""
+    if cap.prepared is None:
+        raise ValueError("this capture does not say how its photo was prepared, so its pixels cannot be recovered")
+    pixels = np.asarray(cap.prepared.picture(cap.input), dtype=np.float64) / 255  # (S, S, 3)
+    h, w = cap.grid
+    s = pixels.shape[0]
+    p = s // h
+    means = pixels[:h * p, :w * p].reshape(h, p, w, p, 3).mean((1, 3))  # (h, w, 3)
+    brightness = means @ np.array([0.299, 0.587, 0.114])
+    hue = np.array([[colorsys.rgb_to_hsv(*means[i, j])[0] for j in range(w)] for i in range(h)])
+    return brightness, hue
+
+
+def colour_values(qk: QKMap, caps: Capture | Sequence[Capture], by: str) -> np.ndarray:
+    """(P,) float: the value each point is coloured by; NaN where it has none (a prefix token's row).
+
+    ``by``: ``row``, ``column`` (patch position), ``brightness`` / ``hue`` (of the photo at the patch),
+    ``cls_attention`` (the weight the class token's query gives this token, in this head), ``photo``."""
+    if by not in COLOURINGS:
+        raise ValueError(f"colour by one of {COLOURINGS}, not {by!r}")
+    caps = _captures(caps)
+    patch = qk.token - qk.num_prefix_tokens
+    if by in ("row", "column"):
+        values = (qk.row if by == "row" else qk.column).astype(float)
+        return np.where(patch >= 0, values, np.nan)
+    if by == "photo":
+        return qk.photo.astype(float)
+    per_photo = []
+    for cap in caps:
+        if by == "cls_attention":
+            per_photo.append(cap.row(qk.layer, qk.head, 0).astype(np.float64))  # (N,)
+        else:
+            brightness, hue = patch_colours(cap)
+            grid = (brightness if by == "brightness" else hue).ravel()
+            per_photo.append(np.concatenate([np.full(qk.num_prefix_tokens, np.nan), grid]))
+    table = np.stack(per_photo)  # (photos, N)
+    return table[qk.photo, qk.token]
+
+
+# --- The atlas: every head at once --------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Atlas:
+    """PCA maps of every head of one capture, AttentionViz-normalised: ``xy[layer, head]`` is (2N, 2),
+    the N queries then the N keys; ``row_r`` / ``column_r`` (L, H) as in :class:`QKStats`."""
+
+    xy: np.ndarray  # (L, H, 2N, 2)
+    row_r: np.ndarray  # (L, H)
+    column_r: np.ndarray  # (L, H)
+    num_prefix_tokens: int
+    grid: tuple[int, int]
+
+
+def atlas(cap: Capture, normalize: str = "attentionviz") -> Atlas:
+    """The L × H head atlas of one capture (PCA): one small map per head, and how much each sorts by position."""
+    layers, heads = cap.num_layers, cap.num_heads
+    n, p = cap.num_tokens, cap.num_prefix_tokens
+    tokens = np.concatenate([np.arange(n), np.arange(n)])
+    rows, cols = (tokens - p) // cap.grid[1], (tokens - p) % cap.grid[1]
+    patches = tokens >= p
+    xy = np.empty((layers, heads, 2 * n, 2))
+    row_r, column_r = np.empty((layers, heads)), np.empty((layers, heads))
+    query, key = cap.query.detach().cpu().double().numpy(), cap.key.detach().cpu().double().numpy()
+    for layer in range(layers):
+        for head in range(heads):
+            q, k = query[layer, head], key[layer, head]
+            if normalize == "attentionviz":
+                q, k = normalise(q, k)
+            xy[layer, head] = pca(np.concatenate([q, k]))
+            row_r[layer, head] = multiple_r(rows[patches].astype(float), xy[layer, head][patches])
+            column_r[layer, head] = multiple_r(cols[patches].astype(float), xy[layer, head][patches])
+    return Atlas(xy, row_r, column_r, p, tuple(cap.grid))
+
+
+# --- A dataset run's stored captures ------------------------------------------------------------
+
+def run_captures(out: str | Path, limit: int = MAX_PHOTOS) -> tuple[list[Capture], list[str]]:
+    """The stored captures (``attnviz dataset --store qk``) of a run folder, in the run's path order, at most
+    ``limit``; and the paths of the photos they belong to. Captures that are missing, damaged or of another
+    layout than the first are left out. Raises :class:`attnviz.RunError` when the run kept none."""
+    import zipfile
+
+    from . import runfiles
+    from .errors import ExportError, RunError, RunFileError
+    from .export import load_capture
+
+    out = Path(out)
+    run = runfiles.open_run(out)
+    caps, paths = [], []
+    for path, digest in zip(run.images["path"].to_pylist(), run.images["digest"].to_pylist()):
+        if len(caps) >= limit:
+            break
+        file = out / "captures" / f"{digest}.npz"
+        try:
+            runfiles.check_file(file, runfiles.MAX_CAPTURE_BYTES, file.name)
+            with zipfile.ZipFile(file) as archive:  # the sizes its arrays declare, before any is read
+                if sum(member.file_size for member in archive.infolist()) > runfiles.MAX_CAPTURE_BYTES:
+                    continue
+            cap = load_capture(file)
+        except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
+            continue
+        if caps and (cap.query.shape != caps[0].query.shape or tuple(cap.grid) != tuple(caps[0].grid)):
+            continue
+        caps.append(cap)
+        paths.append(path)
+    if not caps:
+        raise RunError(f"the run {out.name} kept no queries and keys: run attnviz dataset with --store qk.")
+    return caps, paths
