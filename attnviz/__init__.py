@@ -11,7 +11,7 @@ own names here: no function is exported under a module's name, so ``from attnviz
 gives the module. The one exception is ``capture``, the function, which shadows the module
 ``attnviz.capture`` as an attribute (import from the module with ``from attnviz.capture import ...``).
 """
-from . import masks, relevance, rollout, stats
+from . import masks, qkmap, relevance, rollout, stats
 from ._version import __version__
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
 from .errors import (
@@ -34,7 +34,7 @@ __all__ = [
     "MassMask", "draw_mask", "mass_mask", "masks",
     "attention_forward", "class_relevance", "relevance_map", "relevance",
     "cls_rollout_grid", "layer_flow", "rollout_map", "rollout_matrix", "rollout_row", "rollout",
-    "HeadStats", "head_stats", "stats",
+    "HeadStats", "head_stats", "stats", "qkmap",
     "load_capture", "save_capture", "show",
     "load_photo", "read_photo",
 ]
