@@ -144,31 +144,48 @@ def normalise(query: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarra
     t = c² q̄ − k̄ and c² = mean ‖k − k̄ + c² q̄‖ / mean ‖q‖, solved by iteration: the right side changes by at
     most ‖q̄‖ / mean ‖q‖ < 1 times any change of c², so it converges.
     """
-    q_bar, k_bar = query.mean(0), key.mean(0)
-    spread = key - k_bar  # (M, d_k)
-    q_norm = np.linalg.norm(query, axis=1).mean()
-    s = np.linalg.norm(key, axis=1).mean() / q_norm  # c², started where the translation is left out
+    q, k = normalise_many(query[None], key[None])
+    return q[0], k[0]
+
+
+def normalise_many(query: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`normalise` of B heads at once: (B, M, d_k) queries and keys."""
+    q_bar, k_bar = query.mean(1, keepdims=True), key.mean(1, keepdims=True)  # (B, 1, d_k)
+    spread = key - k_bar  # (B, M, d_k)
+    q_norm = np.sqrt((query * query).sum(-1)).mean(1)  # (B,)
+    s = np.sqrt((key * key).sum(-1)).mean(1) / q_norm  # c², started where the translation is left out
     for _ in range(200):
-        new = np.linalg.norm(spread + s * q_bar, axis=1).mean() / q_norm
-        done = abs(new - s) <= 1e-14 * max(1.0, s)
+        moved = spread + s[:, None, None] * q_bar
+        new = np.sqrt((moved * moved).sum(-1)).mean(1) / q_norm
+        done = np.all(np.abs(new - s) <= 1e-14 * np.maximum(1.0, s))
         s = new
         if done:
             break
-    c = np.sqrt(s)
-    return query * c, (spread + s * q_bar) / c
+    c = np.sqrt(s)[:, None, None]
+    return query * c, (spread + c * c * q_bar) / c
 
 
 # --- Projections --------------------------------------------------------------------------------
 
 def pca(points: np.ndarray) -> np.ndarray:
-    """(P, D) → (P, 2): the points on their first two principal axes (exact, numpy SVD of the centred points).
+    """(P, D) → (P, 2): the points on their first two principal axes, exactly (no sampling, no iteration).
 
-    Each axis's sign is fixed so that its largest loading is positive (as scikit-learn's ``svd_flip``)."""
-    centred = points - points.mean(0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)  # vt: (D, D), rows the principal axes
-    axes = vt[:2]  # (2, D)
-    signs = np.sign(axes[np.arange(2), np.abs(axes).argmax(1)])
-    return centred @ (axes * signs[:, None]).T  # (P, 2)
+    The axes are the top eigenvectors of the (D, D) scatter matrix of the centred points (numpy ``eigh``),
+    the scatter summed with ``einsum``: on a busy 2-core machine multithreaded BLAS calls (an SVD of the
+    (P, D) points) wait on each other for 50–250 ms, this takes ~3 ms. Each axis's sign is fixed so that
+    its largest loading is positive (as scikit-learn's ``svd_flip``)."""
+    return pca_many(points[None])[0]
+
+
+def pca_many(points: np.ndarray) -> np.ndarray:
+    """(B, P, D) → (B, P, 2): :func:`pca` of B point sets at once."""
+    centred = points - points.mean(1, keepdims=True)
+    scatter = np.einsum("bpi,bpj->bij", centred, centred)  # (B, D, D)
+    _, vectors = np.linalg.eigh(scatter)  # ascending eigenvalues
+    axes = vectors[:, :, ::-1][:, :, :2]  # (B, D, 2)
+    largest = np.take_along_axis(axes, np.abs(axes).argmax(1)[:, None, :], 1)  # (B, 1, 2)
+    axes = axes * np.sign(largest)
+    return np.einsum("bpi,bij->bpj", centred, axes)
 
 
 def project(points: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarray:
@@ -220,7 +237,7 @@ def head_vectors(cap: Capture, layer: int, head: int) -> tuple[np.ndarray, np.nd
 
 def _logits(cap: Capture, layer: int, head: int, q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """(N, N) float64: the capture's own logits of one head, q · kᵀ · scale plus its relative-position bias if any."""
-    logits = (q * cap.scale) @ k.T
+    logits = np.einsum("id,jd->ij", q * cap.scale, k)  # (N, N); einsum: no BLAS threads (see pca)
     if cap.bias is not None:
         logits = logits + cap.bias[layer, head].detach().cpu().double().numpy()
     return logits
@@ -267,18 +284,26 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman's rank correlation of two (M,) arrays (ties broken by order: the values here are real numbers)."""
     ra, rb = _ranks(a) - (len(a) - 1) / 2, _ranks(b) - (len(b) - 1) / 2
-    return float((ra @ rb) / np.sqrt((ra @ ra) * (rb @ rb)))
+    return float((ra * rb).sum() / np.sqrt((ra * ra).sum() * (rb * rb).sum()))
 
 
 def multiple_r(target: np.ndarray, xy: np.ndarray) -> float:
     """R of the least-squares fit target ≈ a + b·x + c·y: √(1 − residual / total variance), in [0, 1]."""
-    design = np.column_stack([np.ones(len(target)), xy])
-    fit, *_ = np.linalg.lstsq(design, target, rcond=None)
-    total = ((target - target.mean()) ** 2).sum()
+    return float(_multiple_r(target, xy[None])[0])
+
+
+def _multiple_r(target: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    """(M,), (B, M, K) → (B,): R of target on each of B sets of K regressors (normal equations, centred)."""
+    t = target - target.mean()
+    x = xy - xy.mean(1, keepdims=True)  # (B, M, K)
+    gram = np.einsum("bmi,bmj->bij", x, x)  # (B, K, K)
+    moment = np.einsum("bmi,m->bi", x, t)  # (B, K)
+    total = t @ t
     if total == 0:
-        return 0.0
-    residual = ((target - design @ fit) ** 2).sum()
-    return float(np.sqrt(max(0.0, 1.0 - residual / total)))
+        return np.zeros(len(xy))
+    fit = np.linalg.solve(gram, moment[..., None])[..., 0]  # (B, K)
+    explained = np.einsum("bi,bi->b", fit, moment)  # = ‖x · fit‖² at the least-squares solution
+    return np.sqrt(np.clip(explained / total, 0.0, 1.0))
 
 
 def statistics(qk: QKMap, max_pairs: int = STAT_PAIRS, seed: int = 0) -> QKStats:
@@ -365,53 +390,51 @@ def atlas(cap: Capture, normalize: str = "attentionviz") -> Atlas:
     layers, heads = cap.num_layers, cap.num_heads
     n, p = cap.num_tokens, cap.num_prefix_tokens
     tokens = np.concatenate([np.arange(n), np.arange(n)])
-    rows, cols = (tokens - p) // cap.grid[1], (tokens - p) % cap.grid[1]
     patches = tokens >= p
-    xy = np.empty((layers, heads, 2 * n, 2))
-    row_r, column_r = np.empty((layers, heads)), np.empty((layers, heads))
-    query, key = cap.query.detach().cpu().double().numpy(), cap.key.detach().cpu().double().numpy()
+    query = cap.query.detach().cpu().double().numpy().reshape(layers * heads, n, -1)  # (L·H, N, d_k)
+    key = cap.key.detach().cpu().double().numpy().reshape(layers * heads, n, -1)
+    if normalize == "attentionviz":
+        query, key = normalise_many(query, key)
+    xy = pca_many(np.concatenate([query, key], 1))  # (L·H, 2N, 2)
+    rows, cols = ((tokens - p) // cap.grid[1])[patches], ((tokens - p) % cap.grid[1])[patches]
+    row_r = _multiple_r(rows.astype(float), xy[:, patches]).reshape(layers, heads)
+    column_r = _multiple_r(cols.astype(float), xy[:, patches]).reshape(layers, heads)
+    return Atlas(xy.reshape(layers, heads, 2 * n, 2), row_r, column_r, p, tuple(cap.grid))
+
+
+def position_colours(atlas_: Atlas) -> np.ndarray:
+    """(2N, 3) uint8: each point's colour in the atlas — red grows down the patch rows, green across the
+    columns, so a head that sorts by position shows a smooth gradient; prefix tokens are black."""
+    n = atlas_.xy.shape[2] // 2
+    h, w = atlas_.grid
+    tokens = np.concatenate([np.arange(n), np.arange(n)]) - atlas_.num_prefix_tokens
+    rows, cols = tokens // w, tokens % w
+    colours = np.stack([40 + 215 * rows / max(h - 1, 1), 40 + 215 * cols / max(w - 1, 1), np.full(2 * n, 150.0)], -1)
+    colours[tokens < 0] = 0
+    return colours.astype(np.uint8)
+
+
+def atlas_picture(atlas_: Atlas, tile: int = 72, gap: int = 4):
+    """The atlas as one PIL picture: L rows × H columns of ``tile`` px squares, each head's points drawn as
+    2 × 2 px dots (queries and keys alike) coloured by patch position (:func:`position_colours`)."""
+    from PIL import Image
+
+    layers, heads, points, _ = atlas_.xy.shape
+    side = tile + gap
+    canvas = np.full((layers * side + gap, heads * side + gap, 3), 255, np.uint8)
+    colours = position_colours(atlas_)
+    inner = tile - 6  # a 3 px margin inside each tile
     for layer in range(layers):
         for head in range(heads):
-            q, k = query[layer, head], key[layer, head]
-            if normalize == "attentionviz":
-                q, k = normalise(q, k)
-            xy[layer, head] = pca(np.concatenate([q, k]))
-            row_r[layer, head] = multiple_r(rows[patches].astype(float), xy[layer, head][patches])
-            column_r[layer, head] = multiple_r(cols[patches].astype(float), xy[layer, head][patches])
-    return Atlas(xy, row_r, column_r, p, tuple(cap.grid))
-
-
-# --- A dataset run's stored captures ------------------------------------------------------------
-
-def run_captures(out: str | Path, limit: int = MAX_PHOTOS) -> tuple[list[Capture], list[str]]:
-    """The stored captures (``attnviz dataset --store qk``) of a run folder, in the run's path order, at most
-    ``limit``; and the paths of the photos they belong to. Captures that are missing, damaged or of another
-    layout than the first are left out. Raises :class:`attnviz.RunError` when the run kept none."""
-    import zipfile
-
-    from . import runfiles
-    from .errors import ExportError, RunError, RunFileError
-    from .export import load_capture
-
-    out = Path(out)
-    run = runfiles.open_run(out)
-    caps, paths = [], []
-    for path, digest in zip(run.images["path"].to_pylist(), run.images["digest"].to_pylist()):
-        if len(caps) >= limit:
-            break
-        file = out / "captures" / f"{digest}.npz"
-        try:
-            runfiles.check_file(file, runfiles.MAX_CAPTURE_BYTES, file.name)
-            with zipfile.ZipFile(file) as archive:  # the sizes its arrays declare, before any is read
-                if sum(member.file_size for member in archive.infolist()) > runfiles.MAX_CAPTURE_BYTES:
-                    continue
-            cap = load_capture(file)
-        except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
-            continue
-        if caps and (cap.query.shape != caps[0].query.shape or tuple(cap.grid) != tuple(caps[0].grid)):
-            continue
-        caps.append(cap)
-        paths.append(path)
-    if not caps:
-        raise RunError(f"the run {out.name} kept no queries and keys: run attnviz dataset with --store qk.")
-    return caps, paths
+            xy = atlas_.xy[layer, head]
+            top, left = gap + layer * side, gap + head * side
+            canvas[top:top + tile, left:left + tile] = 246
+            lo, span = xy.min(0), np.ptp(xy, 0)
+            span[span == 0] = 1
+            scale = inner / span.max()  # equal scale on both axes: distances stay distances
+            px = (xy - lo) * scale + (inner - span * scale) / 2 + 3
+            cols, rows = px[:, 0].astype(int), (tile - 2 - px[:, 1]).astype(int)  # y grows upwards
+            for dy in (0, 1):
+                for dx in (0, 1):
+                    canvas[top + np.clip(rows + dy, 0, tile - 1), left + np.clip(cols + dx, 0, tile - 1)] = colours
+    return Image.fromarray(canvas)

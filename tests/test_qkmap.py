@@ -13,10 +13,10 @@ from conftest import tiny_vit
 
 
 def independent_pca(points: np.ndarray) -> np.ndarray:
-    """(P, D) → (P, 2) through the eigenvectors of the covariance matrix (numpy eigh, not SVD)."""
+    """(P, D) → (P, 2) by the SVD of the centred points (attnviz uses eigh of the scatter matrix instead)."""
     centred = points - points.mean(0)
-    values, vectors = np.linalg.eigh(centred.T @ centred / (len(points) - 1))  # ascending
-    return centred @ vectors[:, ::-1][:, :2]
+    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    return u[:, :2] * s[:2]
 
 
 def same_up_to_sign(a: np.ndarray, b: np.ndarray) -> float:
@@ -180,3 +180,13 @@ def test_real_model_pca_equals_independent_pca(real_model, cat):
     assert same_up_to_sign(independent_pca(np.concatenate([q, k])), qk.xy) <= 1e-4
     stats = qkmap.statistics(qkmap.qk_map(cap, 5, 2))
     assert -1 <= stats.distance_rho <= 1 and 0 <= stats.row_r <= 1
+
+
+def test_tsne_when_installed(tiny_cap):
+    pytest.importorskip("sklearn", reason="t-SNE needs scikit-learn (pip install 'attnviz[qk]')")
+    _, _, cap = tiny_cap
+    qk = qkmap.qk_map(cap, 1, 0, method="tsne")
+    again = qkmap.qk_map(cap, 1, 0, method="tsne")
+    assert qk.xy.shape == (2 * cap.num_tokens, 2) and np.isfinite(qk.xy).all()
+    assert np.array_equal(qk.xy, again.xy)  # seeded: the same picture on every rerun of the page
+    assert np.array_equal(qk.vectors, qkmap.qk_map(cap, 1, 0).vectors)  # the same points, another projection
