@@ -15,8 +15,10 @@ from .query import set_query
 CHART_KEY = "qk_chart"
 ATLAS_KEY = "qk_atlas"
 COLOUR_CHOICES = ("row", "column", "brightness", "hue", "cls_attention")  # "photo" is the dataset page's
+CANVAS = {"embedOptions": {"renderer": "canvas"}}  # vega-embed reads its options from the spec's usermeta
 TOP = 5  # keys drawn as lines from the chosen query
-SCATTER_PX, NARROW_PX, PHOTO_PX = 520, 330, 240
+SCATTER_PX, PRESENT_PX, NARROW_PX = 520, 420, 290  # the scatter: a desktop, a projector's 3/5 column, a phone
+PHOTO_PX, PRESENT_PHOTO_PX, NARROW_PHOTO_PX = 240, 200, 200
 
 
 def _picked_point() -> None:
@@ -72,7 +74,8 @@ def softmax_change(cap, layer: int, head: int, qk: qkmap.QKMap) -> float:
     return float(np.abs(weights - base).max())
 
 
-def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, cap, query: int, colour_title: str, narrow: bool):
+def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_title: str, narrow: bool,
+            present: bool = False):
     """The Altair chart: the points (circles = queries, squares = keys), lines to the chosen query's top keys,
     and beside it the photo with the hovered point's patch outlined (drawn in the browser, no rerun)."""
     import altair as alt
@@ -89,7 +92,7 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, cap, query: int, colou
         "row": qk.row, "col": qk.column, "r1": qk.row + 1, "c1": qk.column + 1,
         "value": values,
     })
-    side = NARROW_PX if narrow else SCATTER_PX
+    side = NARROW_PX if narrow else PRESENT_PX if present else SCATTER_PX
     x = alt.X("x:Q", axis=alt.Axis(title=t("qkmap.axis_1"), labels=False, ticks=False), scale=alt.Scale(zero=False))
     y = alt.Y("y:Q", axis=alt.Axis(title=t("qkmap.axis_2"), labels=False, ticks=False), scale=alt.Scale(zero=False))
     shape = alt.Shape("kind_label:N", scale=alt.Scale(domain=[t("qkmap.query"), t("qkmap.key")],
@@ -116,19 +119,21 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, cap, query: int, colou
                                                       strokeWidth=3).encode(x=x, y=y)
     plot = alt.layer(top_lines, points, prefix, chosen).properties(width=side, height=side)
 
-    photo_side = NARROW_PX if narrow else PHOTO_PX
+    photo_side = NARROW_PHOTO_PX if narrow else PRESENT_PHOTO_PX if present else PHOTO_PX
     cx = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     cy = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
     whole = pd.DataFrame([{"col": 0, "row": 0, "c1": w, "r1": h, "url": data_url(picture)}])
     image = alt.Chart(whole).mark_image(aspect=False).encode(x=cx, x2="c1:Q", y=cy, y2="r1:Q", url="url:N")
     frame = alt.Chart(patches).mark_rect(fillOpacity=0, stroke="#00ffff", strokeWidth=3).encode(
-        x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter(hover)
+        x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter({"param": "hover", "empty": False})
     photo = alt.layer(image, frame).properties(width=photo_side, height=photo_side, title=t("qkmap.hover_title"))
     chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
-    return chart.configure_view(strokeWidth=0).configure_legend(labelLimit=260)
+    # Vega's canvas renderer: thousands of points draw in a fraction of SVG's time (bench/qkmap.py).
+    return chart.configure_view(strokeWidth=0).configure_legend(labelLimit=260).properties(usermeta=CANVAS)
 
 
-def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: np.ndarray, narrow: bool):
+def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: np.ndarray, narrow: bool,
+                chosen: tuple[int, int] = (0, 0)):
     """The atlas picture with one invisible clickable cell per head on top (layer down, head across)."""
     import altair as alt
     import pandas as pd
@@ -156,14 +161,19 @@ def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: n
                  alt.Tooltip("row_r:Q", title=t("qkmap.row_r"), format=".2f"),
                  alt.Tooltip("column_r:Q", title=t("qkmap.column_r"), format=".2f")],
     ).add_params(tile, hover)
-    return alt.layer(image, grid).properties(width=width, height=height).configure_view(strokeWidth=0)
+    layer, head = chosen
+    here = alt.Chart(pd.DataFrame([{"c0": head, "r0": layer, "c1": head + 1, "r1": layer + 1}])).mark_rect(
+        fillOpacity=0, stroke="#ff00aa", strokeWidth=3).encode(x=x, x2="c1:Q", y=y, y2="r1:Q")
+    return alt.layer(image, here, grid).properties(width=width, height=height, usermeta=CANVAS).configure_view(
+        strokeWidth=0)
 
 
 def show(ctx: Context) -> None:
     cap = ctx.cap
     head = _head(ctx)
     st.subheader(t("qkmap.title", layer=ctx.layer + 1, head=head + 1))
-    st.caption(t("qkmap.explain"))
+    if not ctx.present:  # a projector keeps the room for the map
+        st.caption(t("qkmap.explain"))
     c1, c2, c3 = st.columns(3)
     method = c1.selectbox(t("qkmap.method"), qkmap.METHODS, key="qk_method", placeholder=t("classroom.choose"),
                           format_func=lambda m: t(f"qkmap.method_{m}"))
@@ -185,7 +195,9 @@ def show(ctx: Context) -> None:
     query = query if isinstance(query, int) and 0 <= query < cap.num_tokens else 0
     if st.session_state.pop("qk_query_set", False):
         set_query(cap, query)  # the Query view's query from now on
-    chart = scatter(qk, values, ctx.view, cap, query, t(f"qkmap.colour_{colour}"), ctx.narrow)
+    if colour in ("row", "column"):
+        values = values + 1  # counted from 1, as the page counts rows and columns
+    chart = scatter(qk, values, ctx.view, query, t(f"qkmap.colour_{colour}"), ctx.narrow, ctx.present)
     st.altair_chart(chart, key=CHART_KEY, on_select=_picked_point, selection_mode="pick", width="content")
     st.markdown(measured_sentence(stats, ctx.layer, head))
     top = ", ".join(token_label(int(k), cap.num_prefix_tokens, cap.grid) for k in qk.top_keys(0, query, TOP))
@@ -199,7 +211,8 @@ def show(ctx: Context) -> None:
     st.subheader(t("qkmap.atlas_title", layers=cap.num_layers, heads=cap.num_heads))
     st.caption(t("qkmap.atlas_explain"))
     at, picture = heavy.run("qk_atlas", ctx.cap_key, (), lambda: _atlas(cap), t("qkmap.working"))
-    st.altair_chart(atlas_chart(picture, cap.num_layers, cap.num_heads, at.row_r, at.column_r, ctx.narrow),
+    st.altair_chart(atlas_chart(picture, cap.num_layers, cap.num_heads, at.row_r, at.column_r, ctx.narrow,
+                                (ctx.layer, head)),
                     key=ATLAS_KEY, on_select=_picked_head, selection_mode="tile", width="content")
     strongest = np.unravel_index(np.argmax(np.maximum(at.row_r, at.column_r)), at.row_r.shape)
     weakest = np.unravel_index(np.argmin(np.maximum(at.row_r, at.column_r)), at.row_r.shape)
