@@ -438,3 +438,88 @@ def atlas_picture(atlas_: Atlas, tile: int = 72, gap: int = 4):
                 for dx in (0, 1):
                     canvas[top + np.clip(rows + dy, 0, tile - 1), left + np.clip(cols + dx, 0, tile - 1)] = colours
     return Image.fromarray(canvas)
+
+
+# --- A dataset run's stored captures ------------------------------------------------------------
+
+def run_captures(out: str | Path, limit: int = MAX_PHOTOS, layer: int | None = None,
+                 head: int | None = None) -> tuple[list[Capture], list[str]]:
+    """The stored captures (``attnviz dataset --store qk``) of a run folder, in the run's path order, at most
+    ``limit``; and the paths of the photos they belong to. With ``layer`` and ``head`` (0-based) each capture
+    keeps only that head's q and k, as its layer 0 and head 0 (a 196 px capture of ViT-S: 7.3 MB → 0.1 MB),
+    so 200 of them fit in memory. Captures that are missing, damaged or of another layout than the first are
+    left out. Raises :class:`attnviz.RunError` when the run kept none."""
+    import dataclasses
+    import zipfile
+
+    from . import runfiles
+    from .errors import ExportError, RunError, RunFileError
+    from .export import load_capture
+
+    out = Path(out)
+    run = runfiles.open_run(out)
+    caps, paths, shape = [], [], None
+    for path, digest in zip(run.images["path"].to_pylist(), run.images["digest"].to_pylist()):
+        if len(caps) >= limit:
+            break
+        file = out / "captures" / f"{digest}.npz"
+        try:
+            runfiles.check_file(file, runfiles.MAX_CAPTURE_BYTES, file.name)
+            with zipfile.ZipFile(file) as archive:  # the sizes its arrays declare, before any is read
+                if sum(member.file_size for member in archive.infolist()) > runfiles.MAX_CAPTURE_BYTES:
+                    continue
+            cap = load_capture(file)
+        except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
+            continue
+        layout = (tuple(cap.query.shape), tuple(cap.grid))
+        if shape is not None and layout != shape:
+            continue
+        if layer is not None and head is not None:
+            try:
+                _check_head(cap, layer, head)
+            except IndexError as e:
+                raise RunError(f"the run {out.name} has no such head: {e}.") from None
+            bias = None if cap.bias is None else cap.bias[layer:layer + 1, head:head + 1].clone()
+            cap = dataclasses.replace(cap, query=cap.query[layer:layer + 1, head:head + 1].clone(),
+                                      key=cap.key[layer:layer + 1, head:head + 1].clone(), bias=bias,
+                                      token_norms=None)
+        shape = layout
+        caps.append(cap)
+        paths.append(path)
+    if not caps:
+        raise RunError(f"the run {out.name} kept no queries and keys: run attnviz dataset with --store qk.")
+    return caps, paths
+
+
+# --- Patch search -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Match:
+    """A key of another photo that a query attends to strongly: ``logit`` = q · k · scale."""
+
+    photo: int  # index into the captures searched
+    token: int
+    logit: float
+
+
+def patch_search(caps: Sequence[Capture], layer: int, head: int, photo: int, token: int,
+                 count: int = 8) -> tuple[Match, ...]:
+    """The ``count`` keys of the *other* photos that the query of ``photo``'s ``token`` would attend to most in
+    head (``layer``, ``head``): a nearest-neighbour search by the attention logit q · k · scale over their
+    patch keys (prefix tokens left out), strongest first. Logits compare across photos; softmax would turn
+    them into weights only among the keys of one photo."""
+    caps = _captures(caps)
+    if not 0 <= photo < len(caps):
+        raise IndexError(f"photo must be 0…{len(caps) - 1}, not {photo}")
+    q, _ = head_vectors(caps[photo], layer, head)
+    if not 0 <= token < len(q):
+        raise IndexError(f"token must be 0…{len(q) - 1}, not {token}")
+    p = caps[0].num_prefix_tokens
+    others = [i for i in range(len(caps)) if i != photo]
+    if not others:
+        return ()
+    keys = np.stack([head_vectors(caps[i], layer, head)[1][p:] for i in others])  # (photos − 1, P, d_k)
+    logits = np.einsum("mpd,d->mp", keys, q[token]) * caps[0].scale  # (photos − 1, P)
+    best = np.argsort(-logits.ravel(), kind="stable")[:count]
+    rows, cols = np.divmod(best, logits.shape[1])
+    return tuple(Match(others[r], int(c) + p, float(logits[r, c])) for r, c in zip(rows, cols))

@@ -190,3 +190,16 @@ def test_tsne_when_installed(tiny_cap):
     assert qk.xy.shape == (2 * cap.num_tokens, 2) and np.isfinite(qk.xy).all()
     assert np.array_equal(qk.xy, again.xy)  # seeded: the same picture on every rerun of the page
     assert np.array_equal(qk.vectors, qkmap.qk_map(cap, 1, 0).vectors)  # the same points, another projection
+
+
+def test_patch_search_by_hand():
+    model = tiny_vit()
+    torch.manual_seed(3)
+    caps = [attnviz.capture_tensor(model, torch.randn(1, 3, 32, 32)) for _ in range(4)]
+    found = qkmap.patch_search(caps, 1, 3, photo=2, token=6, count=5)
+    q = caps[2].query[1, 3, 6].double()
+    every = [(float(caps[i].key[1, 3, j].double() @ q) * caps[0].scale, i, j)
+             for i in (0, 1, 3) for j in range(1, 17)]  # other photos, patch keys only
+    every.sort(key=lambda e: -e[0])
+    assert [(m.photo, m.token) for m in found] == [(i, j) for _, i, j in every[:5]]
+    assert [m.logit for m in found] == pytest.approx([e[0] for e in every[:5]], abs=1e-9)
