@@ -308,17 +308,17 @@ def _multiple_r(target: np.ndarray, xy: np.ndarray) -> np.ndarray:
 
 def statistics(qk: QKMap, max_pairs: int = STAT_PAIRS, seed: int = 0) -> QKStats:
     """Measure ``qk``: rank correlation of q · k with 2-D distance, and how well position explains the layout."""
-    n = qk.num_tokens
-    logits, distances = [], []
-    for photo in range(qk.num_photos):
-        start = photo * 2 * n
-        q_xy, k_xy = qk.xy[start:start + n], qk.xy[start + n:start + 2 * n]  # (N, 2) each
-        logits.append(qk.logits[photo].ravel())
-        distances.append(np.linalg.norm(q_xy[:, None] - k_xy[None], axis=-1).ravel())  # (N · N,)
-    logits, distances = np.concatenate(logits), np.concatenate(distances)
-    if len(logits) > max_pairs:
-        keep = np.random.default_rng(seed).choice(len(logits), max_pairs, replace=False)
-        logits, distances = logits[keep], distances[keep]
+    n, photos = qk.num_tokens, qk.num_photos
+    total = photos * n * n
+    if total > max_pairs:  # sample (photo, query, key) triples before any distance is computed
+        pick = np.random.default_rng(seed).choice(total, max_pairs, replace=False)
+        photo, rest = np.divmod(pick, n * n)
+        i, j = np.divmod(rest, n)
+    else:
+        photo, i, j = (a.ravel() for a in np.meshgrid(np.arange(photos), np.arange(n), np.arange(n), indexing="ij"))
+    logits = np.stack(qk.logits)[photo, i, j]
+    q_xy, k_xy = qk.xy[photo * 2 * n + i], qk.xy[photo * 2 * n + n + j]  # (pairs, 2) each
+    distances = np.sqrt(((q_xy - k_xy) ** 2).sum(-1))
     patches = qk.token >= qk.num_prefix_tokens
     return QKStats(
         distance_rho=spearman(logits, distances),
