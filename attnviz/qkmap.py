@@ -34,6 +34,7 @@ NORMALIZATIONS: tuple[str, ...] = ("attentionviz", "none")
 COLOURINGS: tuple[str, ...] = ("row", "column", "brightness", "hue", "cls_attention", "photo")
 MAX_PHOTOS = 200  # the most photos one map takes (200 × 394 points ≈ 79 000 at 196 px)
 _PACKAGES = {"umap": ("umap", "umap-learn"), "tsne": ("sklearn", "scikit-learn")}
+BLAS_POINTS = 20_000  # above this many points a projection uses BLAS (matmul); below, einsum (see pca)
 STAT_PAIRS = 200_000  # (query, key) pairs the rank correlation samples, when a map has more
 
 
@@ -153,10 +154,13 @@ def normalise_many(query: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.n
     q_bar, k_bar = query.mean(1, keepdims=True), key.mean(1, keepdims=True)  # (B, 1, d_k)
     spread = key - k_bar  # (B, M, d_k)
     q_norm = np.sqrt((query * query).sum(-1)).mean(1)  # (B,)
+    # ‖spread_i + s q̄‖² = a_i + 2 s b_i + s² c: each step of the iteration is O(M), not O(M · d_k).
+    a = (spread * spread).sum(-1)  # (B, M)
+    b = (spread * q_bar).sum(-1)  # (B, M)
+    c2 = (q_bar * q_bar).sum(-1)  # (B, 1)
     s = np.sqrt((key * key).sum(-1)).mean(1) / q_norm  # c², started where the translation is left out
     for _ in range(200):
-        moved = spread + s[:, None, None] * q_bar
-        new = np.sqrt((moved * moved).sum(-1)).mean(1) / q_norm
+        new = np.sqrt(np.maximum(a + 2 * s[:, None] * b + s[:, None] ** 2 * c2, 0)).mean(1) / q_norm
         done = np.all(np.abs(new - s) <= 1e-14 * np.maximum(1.0, s))
         s = new
         if done:
@@ -180,12 +184,15 @@ def pca(points: np.ndarray) -> np.ndarray:
 def pca_many(points: np.ndarray) -> np.ndarray:
     """(B, P, D) → (B, P, 2): :func:`pca` of B point sets at once."""
     centred = points - points.mean(1, keepdims=True)
-    scatter = np.einsum("bpi,bpj->bij", centred, centred)  # (B, D, D)
+    if points.shape[1] > BLAS_POINTS:  # many photos: BLAS's threads pay for themselves
+        scatter = np.matmul(centred.transpose(0, 2, 1), centred)  # (B, D, D)
+    else:
+        scatter = np.einsum("bpi,bpj->bij", centred, centred)
     _, vectors = np.linalg.eigh(scatter)  # ascending eigenvalues
     axes = vectors[:, :, ::-1][:, :, :2]  # (B, D, 2)
     largest = np.take_along_axis(axes, np.abs(axes).argmax(1)[:, None, :], 1)  # (B, 1, 2)
     axes = axes * np.sign(largest)
-    return np.einsum("bpi,bij->bpj", centred, axes)
+    return np.matmul(centred, axes) if points.shape[1] > BLAS_POINTS else np.einsum("bpi,bij->bpj", centred, axes)
 
 
 def project(points: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarray:
@@ -243,6 +250,17 @@ def _logits(cap: Capture, layer: int, head: int, q: np.ndarray, k: np.ndarray) -
     return logits
 
 
+def _all_logits(caps: list[Capture], layer: int, head: int, pairs) -> tuple[np.ndarray, ...]:
+    if len(caps) == 1:
+        return (_logits(caps[0], layer, head, *pairs[0]),)
+    q = np.stack([q for q, _ in pairs]) * caps[0].scale  # (photos, N, d_k)
+    k = np.stack([k for _, k in pairs])
+    logits = np.matmul(q, k.transpose(0, 2, 1))  # (photos, N, N): one BLAS call for all photos
+    if caps[0].bias is not None:
+        logits = logits + np.stack([cap.bias[layer, head].detach().cpu().double().numpy() for cap in caps])
+    return tuple(logits)
+
+
 def qk_map(caps: Capture | Sequence[Capture], layer: int, head: int, method: str = "pca",
            normalize: str = "attentionviz", seed: int = 0) -> QKMap:
     """The Q/K map of head (``layer``, ``head``), 0-based, of one capture or up to 200 of the same model."""
@@ -268,7 +286,7 @@ def qk_map(caps: Capture | Sequence[Capture], layer: int, head: int, method: str
         photo=np.repeat(np.arange(len(caps)), 2 * n),
         token=np.tile(np.concatenate([tokens, tokens]), len(caps)),
         vectors=vectors,
-        logits=tuple(_logits(cap, layer, head, q, k) for cap, (q, k) in zip(caps, pairs)),
+        logits=_all_logits(caps, layer, head, pairs),
         grid=tuple(caps[0].grid), num_prefix_tokens=caps[0].num_prefix_tokens,
     )
 
