@@ -149,7 +149,8 @@ def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: n
                             labelExpr="round(datum.value + 0.5)", orient="top", grid=False))
     y = alt.Y("r0:Q", scale=alt.Scale(domain=[layers, 0], nice=False, zero=False),
               axis=alt.Axis(title=t("view.layer"), values=[i + 0.5 for i in range(layers)],
-                            labelExpr="round(datum.value + 0.5)", grid=False))
+                            labelExpr="round(datum.value + 0.5)", grid=False,
+                            titleAngle=0, titleAnchor="start", titleAlign="right", titleY=-30))  # 層 upright
     whole = pd.DataFrame([{"c0": 0, "r0": 0, "c1": heads, "r1": layers, "url": data_url(picture)}])
     image = alt.Chart(whole).mark_image(aspect=False).encode(x=x, x2="c1:Q", y=y, y2="r1:Q", url="url:N")
     tile = alt.selection_point(name="tile", fields=["layer", "head"], on="click", clear=False)
