@@ -15,7 +15,7 @@ from . import _openmp
 
 _openmp.passive_waiting()  # before anything below imports torch
 
-from . import masks, relevance, rollout, stats  # noqa: E402
+from . import masks, qkmap, relevance, rollout, stats  # noqa: E402
 from ._version import __version__
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
 from .errors import (
@@ -38,7 +38,7 @@ __all__ = [
     "MassMask", "draw_mask", "mass_mask", "masks",
     "attention_forward", "class_relevance", "relevance_map", "relevance",
     "cls_rollout_grid", "layer_flow", "rollout_map", "rollout_matrix", "rollout_row", "rollout",
-    "HeadStats", "head_stats", "stats",
+    "HeadStats", "head_stats", "stats", "qkmap",
     "load_capture", "save_capture", "show",
     "load_photo", "read_photo",
 ]

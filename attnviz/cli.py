@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     dataset_cli.add_parser(sub)
     faithfulness_cli.add_parser(sub)
+    from . import qk_cli
+
+    qk_cli.add_parser(sub)
     sub.add_parser("app", help="serve the web page (needs pip install 'attnviz[app]'); Streamlit's options pass through, "
                    "e.g. attnviz app --server.port 8600", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
@@ -247,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         return dataset_cli.run(args)
     if args.command == "faithfulness":
         return faithfulness_cli.run(args)
+    if args.command == "qk":
+        return qk_cli.run(args)
     try:
         return export(args)
     except KeyboardInterrupt:  # while the model loads; the loop over the photos says how far it got

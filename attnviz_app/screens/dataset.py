@@ -249,6 +249,10 @@ with st.spinner(t("dataset.maps_loading")):
                                         share=row.mass60_fraction), width="stretch")
 st.caption(t("dataset.maps_note", layer=layer, head=head))
 
+from attnviz_app import dataset_qk  # noqa: E402  (the Q/K map of the run's photos, issue #21)
+
+dataset_qk.show(out, runfiles.signature(out), layer or 1, head or 1)
+
 # --- Files the run could not use ---
 if errors.num_rows:
     with st.expander(t("dataset.errors_header", count=errors.num_rows)):

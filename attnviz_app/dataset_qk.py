@@ -1,0 +1,115 @@
+"""The Dataset page's Q/K map: one head's queries and keys over a run's photos, and the patch search.
+
+Read from the run's stored captures (``attnviz dataset --store qk``), one head at a time
+(:func:`attnviz.qkmap.run_captures`), so 200 photos are ~20 MB, not 1.4 GB.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from attnviz import qkmap, render
+from attnviz.errors import RunError
+
+from .text import t
+from .views.common import mark_patch, token_label
+from .views.qkmap import CANVAS, measured_sentence
+
+COLOURS = ("photo", "row", "column", "cls_attention", "brightness")
+MATCHES = 8
+CAPTURE_ENTRIES = 2  # heads kept read: each ≤ 200 photos' q, k and inputs (~110 MB at 196 px)
+
+
+@st.cache_resource(show_spinner=False, max_entries=CAPTURE_ENTRIES)
+def head_captures(out: str, _signature: tuple, signature_key: str, layer: int, head: int):
+    # Shared by every session and never changed; keyed by the run's parts so a growing run is read again.
+    return qkmap.run_captures(out, qkmap.MAX_PHOTOS, layer, head)
+
+
+@st.cache_resource(show_spinner=False, max_entries=CAPTURE_ENTRIES * 2)
+def head_map(out: str, signature_key: str, layer: int, head: int, normalize: str, _caps):
+    qk = qkmap.qk_map(_caps, 0, 0, "pca", normalize)  # the captures hold only this head, as layer 0, head 0
+    return qk, qkmap.statistics(qk)
+
+
+def chart(qk: qkmap.QKMap, values: np.ndarray, names: list[str], colour_title: str, categorical: bool):
+    import altair as alt
+    import pandas as pd
+
+    labels = [token_label(int(i), qk.num_prefix_tokens, qk.grid) for i in range(qk.num_tokens)]
+    data = pd.DataFrame({
+        "x": qk.xy[:, 0].astype(np.float32), "y": qk.xy[:, 1].astype(np.float32),
+        "kind_label": np.where(qk.is_key, t("qkmap.key"), t("qkmap.query")),
+        "photo": [names[i] for i in qk.photo], "label": [labels[i] for i in qk.token],
+        "value": values.astype(np.float32),
+    })
+    colour = (alt.Color("photo:N", legend=None) if categorical else
+              alt.Color("value:Q", scale=alt.Scale(scheme="viridis"), legend=alt.Legend(title=colour_title, orient="bottom")))
+    shape = alt.Shape("kind_label:N", scale=alt.Scale(domain=[t("qkmap.query"), t("qkmap.key")], range=["circle", "square"]),
+                      legend=alt.Legend(title=None, orient="top"))
+    points = alt.Chart(data).mark_point(filled=True, size=10, opacity=0.6).encode(
+        x=alt.X("x:Q", axis=alt.Axis(title=t("qkmap.axis_1"), labels=False, ticks=False), scale=alt.Scale(zero=False)),
+        y=alt.Y("y:Q", axis=alt.Axis(title=t("qkmap.axis_2"), labels=False, ticks=False), scale=alt.Scale(zero=False)),
+        color=colour, shape=shape,
+        tooltip=[alt.Tooltip("photo:N", title=t("qkmap.colour_photo")), alt.Tooltip("kind_label:N", title=t("qkmap.kind")),
+                 alt.Tooltip("label:N", title=t("qkmap.token"))],
+    ).properties(height=460, usermeta=CANVAS)
+    return points.interactive()  # pan and zoom
+
+
+def show(out: str, signature: tuple, layer: int, head: int) -> None:
+    """The section, for head (``layer``, ``head``) counted from 1 as the page's boxes count."""
+    st.subheader(t("qkmap.dataset_header", layer=layer, head=head))
+    key = repr(signature)
+    try:
+        with st.spinner(t("qkmap.dataset_loading")):
+            caps, paths = head_captures(out, signature, key, layer - 1, head - 1)
+    except RunError:
+        st.info(t("qkmap.dataset_no_store"), icon=":material/info:")
+        return
+    names = [Path(p).name for p in paths]
+    c1, c2 = st.columns(2)
+    colour = c1.selectbox(t("qkmap.colour_by"), COLOURS, key="dataset_qk_colour", placeholder=t("classroom.choose"),
+                          format_func=lambda c: t(f"qkmap.colour_{c}"))
+    normalize = c2.selectbox(t("qkmap.normalize"), qkmap.NORMALIZATIONS, key="dataset_qk_normalize",
+                             placeholder=t("classroom.choose"), format_func=lambda m: t(f"qkmap.normalize_{m}"))
+    with st.spinner(t("qkmap.working")):
+        qk, stats = head_map(out, key, layer - 1, head - 1, normalize, caps)
+        values = qkmap.colour_values(qk, caps, colour)
+    if colour in ("row", "column"):
+        values = values + 1
+    st.altair_chart(chart(qk, values, names, t(f"qkmap.colour_{colour}"), colour == "photo"), width="stretch")
+    st.caption(t("qkmap.dataset_caption", photos=len(caps), points=len(qk.token)))
+    st.markdown(measured_sentence(stats, layer - 1, head - 1))
+
+    # --- The patch search ---
+    st.markdown(f"**{t('qkmap.search_header')}**")
+    st.caption(t("qkmap.search_explain"))
+    h, w = qk.grid
+    a, b, c = st.columns([2, 1, 1])
+    photo = a.selectbox(t("qkmap.search_photo"), range(len(caps)), format_func=names.__getitem__, key="dataset_qk_photo")
+    row = b.number_input(t("analysis.row"), 1, h, (h + 1) // 2, key="dataset_qk_row")
+    col = c.number_input(t("analysis.column"), 1, w, (w + 1) // 2, key="dataset_qk_col")
+    photo = photo if isinstance(photo, int) and 0 <= photo < len(caps) else 0
+    token = qk.num_prefix_tokens + (int(row) - 1) * w + (int(col) - 1)
+    matches = qkmap.patch_search(caps, 0, 0, photo, token, MATCHES)
+    if not matches:
+        st.info(t("qkmap.search_alone"))
+        return
+    size = 200
+    columns = st.columns(5)
+    with columns[0]:
+        picture = caps[photo].prepared.picture(caps[photo].input)
+        st.image(mark_patch(render.enlarge(picture, size), qk.grid, (int(row) - 1, int(col) - 1)),
+                 caption=t("qkmap.search_query", name=names[photo], patch=token_label(token, qk.num_prefix_tokens, qk.grid)))
+    for i, match in enumerate(matches):
+        if i and i % 4 == 0:
+            columns = st.columns(5)
+        with columns[i % 4 + 1]:
+            cap = caps[match.photo]
+            patch = divmod(match.token - qk.num_prefix_tokens, w)
+            st.image(mark_patch(render.enlarge(cap.prepared.picture(cap.input), size), qk.grid, patch),
+                     caption=t("qkmap.search_match", rank=i + 1, name=names[match.photo],
+                               patch=token_label(match.token, qk.num_prefix_tokens, qk.grid), logit=match.logit))

@@ -1,0 +1,167 @@
+"""``python -m bench.qkmap``: what the Q/K map costs (issue #21) — one head's map after the capture, the
+L × H atlas, and ~79 000 points drawn by Vega's canvas renderer in headless Chromium.
+
+Targets: PCA map of one head ≤ 50 ms; atlas ≤ 1 s; 200 photos × 394 points drawn ≤ 2 s and pannable.
+The offline ViT-S/14 at 196 px (N = 197, so 394 points a photo). Medians of repeated runs. The browser
+part serves ``bench/qk_page.py`` with the real Streamlit server and draws the Dataset page's chart
+(:func:`attnviz_app.dataset_qk.chart`) of 200 photos: ``--distinct`` (default 20) real captures of the
+four sample photos under random crops, cycled (capturing 200 would take minutes on a busy machine and
+costs the browser nothing more). ``--no-browser`` leaves it out, ``--photos`` sets how many it draws.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def median_ms(fn, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def library(repeats: int) -> list[tuple[str, float, str]]:
+    import attnviz
+    from attnviz import qkmap
+
+    model = attnviz.load_model(device="cpu")
+    cap = attnviz.capture(model, attnviz.load_photo(attnviz.photos.sample("cat"), model).image)
+    layer, head = 5, 2
+    rows = [
+        ("PCA map of one head (`qk_map`, AttentionViz normalisation)",
+         median_ms(lambda: qkmap.qk_map(cap, layer, head), repeats), "≤ 50 ms"),
+        ("… without normalisation", median_ms(lambda: qkmap.qk_map(cap, layer, head, normalize="none"), repeats), ""),
+        ("its measured statistics (`statistics`, 38 809 pairs)",
+         median_ms(lambda: qkmap.statistics(qkmap.qk_map(cap, layer, head)), repeats)
+         - median_ms(lambda: qkmap.qk_map(cap, layer, head), repeats), ""),
+        ("map + statistics + colour values (what the view computes)",
+         median_ms(lambda: (lambda qk: (qkmap.statistics(qk), qkmap.colour_values(qk, cap, "brightness")))(
+             qkmap.qk_map(cap, layer, head)), repeats), ""),
+        (f"head atlas, all {cap.num_layers} × {cap.num_heads} heads (`atlas`)",
+         median_ms(lambda: qkmap.atlas(cap), max(3, repeats // 4)), "≤ 1 s"),
+        ("… and its picture (`atlas_picture`)",
+         median_ms(lambda: qkmap.atlas_picture(qkmap.atlas(cap)), max(3, repeats // 4)), "≤ 1 s"),
+    ]
+    if os.environ.get("QK_BENCH_TSNE"):  # ~15–45 s on a busy 2-core machine
+        rows.append(("t-SNE map of one head (scikit-learn)",
+                     median_ms(lambda: qkmap.qk_map(cap, layer, head, method="tsne"), 3, warmup=1), ""))
+    return rows
+
+
+def many_captures(count: int, distinct: int):
+    """``count`` captures: ``distinct`` real ones (the four sample photos under random crops, seeded), cycled."""
+    import attnviz
+    from attnviz import photos
+
+    model = attnviz.load_model(device="cpu")
+    rng = np.random.default_rng(0)
+    pictures = [attnviz.load_photo(photos.sample(name), model).image for name in photos.SAMPLES]
+    caps = []
+    for i in range(min(count, distinct)):
+        image = pictures[i % len(pictures)]
+        w, h = image.size
+        side = int(min(w, h) * rng.uniform(0.6, 1.0))
+        left, top = int(rng.integers(0, w - side + 1)), int(rng.integers(0, h - side + 1))
+        caps.append(attnviz.capture(model, image.crop((left, top, left + side, top + side))))
+    return [caps[i % len(caps)] for i in range(count)]
+
+
+def browser(photos: int, distinct: int) -> list[tuple[str, float, str]]:
+    from tests.serve import chromium, streamlit_server
+
+    from attnviz import qkmap
+
+    start = time.perf_counter()
+    caps = many_captures(photos, distinct)
+    captured = time.perf_counter() - start
+    start = time.perf_counter()
+    qk = qkmap.qk_map(caps, 5, 2)
+    mapped = time.perf_counter() - start
+    values = qkmap.colour_values(qk, caps, "row") + 1
+    light = dataclasses.replace(qk, vectors=np.empty((0, 0)), logits=(qk.logits[0],))
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "map.pkl"
+        data.write_bytes(pickle.dumps((light, values, [f"photo {i + 1}" for i in range(photos)])))
+        launcher = [sys.executable, "-m", "streamlit", "run", str(ROOT / "bench" / "qk_page.py")]
+        with streamlit_server(env={"QK_BENCH_DATA": str(data)}, launcher=launcher) as (url, _), chromium() as b:
+            page = b.new_page(viewport={"width": 1400, "height": 1000})
+            painted = """() => { const c = document.querySelector('[data-testid="stVegaLiteChart"] canvas');
+                if (!c || !c.width) return false;
+                const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                let coloured = 0;
+                for (let i = 0; i < d.length; i += 4 * 97) if (Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 60) coloured++;
+                return coloured > 200; }"""
+            loads, draws = [], []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                page.goto(url)
+                page.wait_for_selector("[data-testid='stVegaLiteChart']", timeout=120_000)
+                t1 = time.perf_counter()
+                page.wait_for_function(painted, timeout=120_000, polling=20)
+                t2 = time.perf_counter()
+                loads.append(t2 - t0)
+                draws.append(t2 - t1)
+            # Pan: drag the chart 20 steps; each step is one re-render of all points.
+            box = page.locator("[data-testid='stVegaLiteChart'] canvas").first.bounding_box()
+            x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+            page.mouse.move(x, y)
+            page.mouse.down()
+            steps = 20
+            t0 = time.perf_counter()
+            for i in range(steps):
+                page.mouse.move(x + 8 * (i + 1), y + 3 * (i + 1))
+                page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            pan = (time.perf_counter() - t0) / steps
+            page.mouse.up()
+    points = len(qk.token)
+    return [
+        (f"the chart's {photos} photos: {min(photos, distinct)} real captures, cycled (not part of the page)",
+         1000 * captured, ""),
+        (f"PCA map of one head over {photos} photos ({len(qk.token):,} points)", 1000 * mapped, ""),
+        (f"{points:,} points: page load → canvas painted (server run, transfer, Vega)",
+         1000 * statistics.median(loads), "≤ 2 s"),
+        (f"{points:,} points: chart element in the page → canvas painted (Vega alone)",
+         1000 * statistics.median(draws), "≤ 2 s"),
+        (f"{points:,} points: one pan step (drag, until the next frame)", 1000 * pan, "pannable"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--photos", type=int, default=200)
+    parser.add_argument("--distinct", type=int, default=20, help="real captures among --photos (cycled; capturing is slow)")
+    parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--browser-only", action="store_true")
+    args = parser.parse_args(argv)
+    rows = [] if args.browser_only else library(args.repeats)
+    if not args.no_browser:
+        rows += browser(args.photos, args.distinct)
+    load = os.getloadavg()[0]
+    print(f"Q/K map, offline ViT-S/14 at 196 px, {os.cpu_count()} CPUs, load average {load:.1f} at the end "
+          "(the machine may be shared: other work slows these numbers)\n")
+    print("| what | median | target |\n|---|---|---|")
+    for what, ms, target in rows:
+        shown = f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
+        print(f"| {what} | {shown} | {target} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""``attnviz qk``: the JSON's coordinates against an independent PCA of the capture's own q and k."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import attnviz
+from attnviz import dataset
+from attnviz.cli import main
+from conftest import ASSETS
+from test_qkmap import independent_pca, same_up_to_sign
+
+
+def test_cli_pca_none_equals_independent_pca(tmp_path, real_model, capsys):
+    photos = [str(ASSETS / "cat.jpg"), str(ASSETS / "rocket.jpg")]
+    out = tmp_path / "qk.json"
+    assert main(["qk", *photos, "--layer", "6", "--head", "3", "--method", "pca", "--normalize", "none",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    caps = [attnviz.capture(real_model, attnviz.load_photo(p, real_model).image) for p in photos]
+    n = caps[0].num_tokens
+    points = doc["points"]
+    assert len(points) == 2 * 2 * n and doc["layer"] == 6 and doc["head"] == 3
+    assert [p["kind"] for p in points[:2 * n]] == ["query"] * n + ["key"] * n
+    assert [p["token"] for p in points[:2 * n]] == list(range(n)) * 2
+    assert {p["photo"] for p in points[2 * n:]} == {photos[1]}
+    stacked = np.concatenate([np.concatenate([c.query[5, 2].double().numpy(), c.key[5, 2].double().numpy()]) for c in caps])
+    xy = np.array([[p["x"], p["y"]] for p in points])
+    assert same_up_to_sign(independent_pca(stacked), xy) <= 1e-4
+    assert "Spearman" in capsys.readouterr().out
+
+
+def test_cli_refuses_in_one_line(tmp_path, capsys):
+    out = str(tmp_path / "qk.json")
+    assert main(["qk", "--layer", "1", "--head", "1", "--json", out]) == 2
+    assert capsys.readouterr().err.strip() == "error: give photos or --run RUNDIR (one of the two)."
+    assert main(["qk", str(ASSETS / "cat.jpg"), "--layer", "13", "--head", "1", "--json", out]) == 2
+    assert capsys.readouterr().err.strip() == "error: --layer must be 1…12, not 13."
+    missing = tmp_path / "nope.jpg"
+    assert main(["qk", str(missing), "--layer", "1", "--head", "1", "--json", out]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope.jpg" in err[0]
+    assert not (tmp_path / "qk.json").exists()
+
+
+def test_cli_reads_a_runs_stored_captures(tmp_path, real_model):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in ("cat.jpg", "coffee.jpg"):
+        shutil.copy(ASSETS / name, folder / name)
+    run = tmp_path / "run"
+    dataset.run_local(folder, run, dataset.RunConfig(store="qk", size=56), progress=False)
+    caps, paths = attnviz.qkmap.run_captures(run)
+    assert [p.split("/")[-1] for p in paths] == ["cat.jpg", "coffee.jpg"]
+    out = tmp_path / "run.json"
+    assert main(["qk", "--run", str(run), "--layer", "12", "--head", "6", "--normalize", "none", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    stacked = np.concatenate([np.concatenate([c.query[11, 5].double().numpy(), c.key[11, 5].double().numpy()]) for c in caps])
+    xy = np.array([[p["x"], p["y"]] for p in doc["points"]])
+    assert same_up_to_sign(independent_pca(stacked), xy) <= 1e-4
+    # The stored captures are those of the photos: the same q and k as a fresh capture at 56 px.
+    small = attnviz.load_model(size=56, device="cpu")
+    fresh = attnviz.capture(small, attnviz.load_photo(folder / "cat.jpg", small).image)
+    assert np.abs(fresh.query.numpy() - caps[0].query.numpy()).max() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_cli_says_how_to_get_tsne(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(attnviz.qkmap, "available", lambda method: method == "pca")
+    assert main(["qk", str(ASSETS / "cat.jpg"), "--layer", "1", "--head", "1", "--method", "tsne",
+                 "--json", str(tmp_path / "x.json")]) == 2
+    assert "pip install 'attnviz[qk]'" in capsys.readouterr().err

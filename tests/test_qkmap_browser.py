@@ -1,0 +1,195 @@
+"""The Q/K map view in a real browser: the measured sentence against an independent recomputation, hover
+outlines the patch on the photo, a click on a query makes it the Query view's query, a click on the atlas
+picks the head; it fits a phone (390 × 844, touch) and a projector (1280 × 720)."""
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import attnviz
+from conftest import ASSETS
+from serve import chromium, require_chromium, streamlit_server
+from test_classroom_browser import MEASURE, PHONE_UA, SHOTS, choose_view, settle
+
+LABEL = "Q/K map (every query and key)"
+CHART = ".st-key-result [data-testid='stVegaLiteChart']"
+TOOLTIP = "#vg-tooltip-element"
+
+
+@pytest.fixture(scope="module")
+def server():
+    require_chromium()
+    with streamlit_server() as (url, _proc), chromium() as browser:
+        yield url, browser
+
+
+def shot(page, name: str) -> None:
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=SHOTS / f"{name}.png")
+
+
+def pick(page, box: str, option: str) -> None:
+    selector = f".st-key-{box} input"
+    page.wait_for_function("s => document.querySelectorAll(s).length === 1", arg=selector, timeout=60_000)  # no stale copy
+    page.locator(selector).click()
+    page.get_by_role("option", name=option, exact=True).click()
+    settle(page)
+
+
+def expected_numbers(real_model, layer: int, head: int) -> tuple[float, float, float]:
+    """ρ(q·k, 2-D distance) and R of row / column, by hand: SVD PCA of the raw q and k, ranks, least squares."""
+    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+    q, k = cap.query[layer, head].double().numpy(), cap.key[layer, head].double().numpy()
+    points = np.concatenate([q, k])
+    centred = points - points.mean(0)
+    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    xy = u[:, :2] * s[:2]
+    n = len(q)
+    dist = np.linalg.norm(xy[:n, None] - xy[None, n:], axis=-1).ravel()
+    logits = (q @ k.T).ravel()
+    rank = lambda v: np.argsort(np.argsort(v))  # noqa: E731
+    rho = np.corrcoef(rank(logits), rank(dist))[0, 1]
+    tokens = np.concatenate([np.arange(n), np.arange(n)]) - 1
+    patches = tokens >= 0
+    design = np.column_stack([np.ones(patches.sum()), xy[patches]])
+    r = []
+    for target in (tokens[patches] // 14, tokens[patches] % 14):
+        fitted = design @ np.linalg.lstsq(design, target, rcond=None)[0]
+        r.append(np.corrcoef(fitted, target)[0, 1])
+    return rho, r[0], r[1]
+
+
+def cyan_box(png: bytes):
+    """Bounding box (left, top, right, bottom) of the #00ffff pixels of a screenshot, or None."""
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    mask = (pixels[..., 0] < 40) & (pixels[..., 1] > 215) & (pixels[..., 2] > 215)
+    if mask.sum() < 20:
+        return None
+    rows, cols = np.nonzero(mask)
+    return cols.min(), rows.min(), cols.max(), rows.max()
+
+
+def hover_a_point(page, chart, want_kind: str = "query"):
+    """Hover the scatter's drawn points (found in a screenshot: saturated pixels left of the photo) until the
+    tooltip names a patch token of kind ``want_kind``; its (row, col), 1-based."""
+    pixels = np.asarray(Image.open(io.BytesIO(chart.screenshot())).convert("RGB")).astype(int)
+    scale = pixels.shape[1] / chart.bounding_box()["width"]
+    saturated = (pixels.max(-1) - pixels.min(-1)) > 80
+    saturated[:, int(pixels.shape[1] * 0.6):] = False  # the photo is on the right
+    saturated[: int(pixels.shape[0] * 0.1)] = False  # the legend of shapes is on top
+    ys, xs = np.nonzero(saturated)
+    order = np.random.default_rng(0).permutation(len(xs))[:400]
+    for y, x in zip(ys[order], xs[order]):
+        chart.hover(position={"x": x / scale, "y": y / scale})
+        page.wait_for_timeout(40)
+        tip = page.locator(TOOLTIP)
+        if tip.count() and tip.is_visible():
+            text = tip.inner_text()
+            found = re.search(r"patch \(row (\d+), column (\d+)\)", text)
+            if found and re.search(rf"\b{want_kind}\b", text):
+                return int(found[1]), int(found[2])
+    raise AssertionError("no point of the scatter showed a patch tooltip")
+
+
+@pytest.mark.browser
+def test_desktop_map_sentence_hover_click_and_atlas(server, real_model):
+    url, browser = server
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(url)
+    page.locator(".st-key-view input").wait_for(timeout=180_000)
+    settle(page)
+    choose_view(page, "qkmap", LABEL)
+    page.locator(CHART).first.wait_for(timeout=120_000)
+    pick(page, "head", "head 3")
+    pick(page, "qk_normalize", "Leave them as they are")
+    page.get_by_text("Layer 12, head 3: every query and key as a point").wait_for(timeout=60_000)
+    rho, row_r, col_r = expected_numbers(real_model, 11, 2)
+    text = page.locator(".st-key-result").inner_text()
+    assert f"is {rho:+.2f}" in text, text
+    assert f"patch row with R = {row_r:.2f} and the column with R = {col_r:.2f}" in text, text
+    assert page.locator("[data-testid='stException']").count() == 0
+
+    # Hover: the photo beside the map outlines that point's patch, one cell of the 14 × 14 grid.
+    chart = page.locator(CHART).first
+    chart.scroll_into_view_if_needed()
+    settle(page)
+    before = cyan_box(chart.screenshot())
+    row, col = hover_a_point(page, chart)
+    page.wait_for_timeout(300)
+    png = chart.screenshot()
+    outline = cyan_box(png)
+    assert before is None and outline is not None
+    side = outline[2] - outline[0]
+    photo_px = 240  # PHOTO_PX: the photo's side in the chart
+    assert abs(side - photo_px / 14) <= 4, outline  # one patch, not the whole grid
+    shot(page, "qkmap_hover_desktop")
+    # The cell's place inside the photo is the tooltip's row and column: the photo's right edge is the chart's.
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    photo_right = max(c for c in range(pixels.shape[1]) if (np.abs(pixels[:, c].astype(int) - 255).sum(-1) > 60).sum() > 150)
+    left_of_photo = photo_right + 1 - photo_px
+    assert abs((outline[0] - left_of_photo) / (photo_px / 14) - (col - 1)) < 0.5, (outline, col, photo_right)
+
+    # Click that query: it becomes the Query view's query.
+    page.mouse.down()
+    page.mouse.up()
+    settle(page)
+    choose_view(page, "query", "Any query token → patches")
+    page.get_by_text(f"patch (row {row}, column {col})").first.wait_for(timeout=60_000)
+
+    # The atlas: a click on the tile of layer 3, head 4 chooses that layer and head.
+    choose_view(page, "qkmap", LABEL)
+    atlas = page.locator(CHART).nth(1)
+    atlas.scroll_into_view_if_needed()
+    settle(page)
+    image = np.asarray(Image.open(io.BytesIO(atlas.screenshot())).convert("RGB")).astype(int)
+    tiles = np.all(image == 246, -1)  # the tiles' grey background (atlas_picture)
+    cols = np.nonzero(tiles.sum(0) > tiles.shape[0] * 0.3)[0]
+    col_starts = [cols[0], *cols[1:][np.diff(cols) > 1]]
+    assert len(col_starts) == 6, col_starts  # six heads across
+    pitch = (col_starts[-1] - col_starts[0]) / 5
+    rows = np.nonzero(tiles.sum(1) > 0)[0]
+    gap = pitch * 4 / 76  # atlas_picture: 72 px tiles, 4 px apart
+    row_pitch = (rows[-1] - rows[0] + 1 + gap) / 12  # twelve layers down (Streamlit may stretch the picture a little)
+    scale = image.shape[1] / atlas.bounding_box()["width"]
+    x, y = (col_starts[3] + pitch / 2) / scale, (rows[0] + 2.5 * row_pitch - gap / 2) / scale
+    box = atlas.bounding_box()
+    atlas.click(position={"x": float(x), "y": float(y)})
+    settle(page)
+    page.get_by_text("Layer 3, head 4: every query and key as a point").wait_for(timeout=60_000)
+    assert box["width"] > 0
+    context.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("where", ["phone", "projector"])
+def test_map_fits_phone_and_projector(server, where):
+    url, browser = server
+    if where == "phone":
+        context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                                      user_agent=PHONE_UA, device_scale_factor=2)
+        path = "/"
+    else:
+        context = browser.new_context(viewport={"width": 1280, "height": 720})
+        path = "/?present=1"
+    page = context.new_page()
+    page.goto(url + path)
+    page.locator(".st-key-view input").wait_for(timeout=180_000)
+    settle(page)
+    choose_view(page, "qkmap", LABEL)
+    page.locator(CHART).first.wait_for(timeout=120_000)
+    settle(page)
+    got = page.evaluate(MEASURE)
+    assert got["page"] == got["vw"] and got["main"] <= got["vw"], (where, got)
+    for chart in page.locator(f"{CHART} canvas").all():
+        box = chart.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= got["vw"] + 0.5, (where, box)
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.locator(".st-key-result h3").first.evaluate("e => e.scrollIntoView()")
+    shot(page, f"qkmap_{where}")
+    context.close()
