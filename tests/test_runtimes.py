@@ -219,3 +219,16 @@ def test_switching_on_leaves_the_shared_network_as_it_was(cache):
     assert not any(m.training for m in model.network.modules())  # the exporter restores the mode it found
     with torch.no_grad():
         assert torch.equal(model.network(x), before)
+
+
+def test_dataset_batch_on_the_runtime_gives_the_pytorch_statistics(tiny, tiny_fast):
+    from attnviz.dataset import analyse
+
+    items = [(f"{name}.jpg", attnviz.photos.sample(name).read_bytes()) for name in ("cat", "rocket")]
+    fast_rows, torch_rows = analyse(tiny_fast, items).to_pylist(), analyse(tiny, items).to_pylist()
+    assert len(fast_rows) == 2 and all(row["digest"] and row["error"] is None for row in fast_rows)
+    for fast_row, torch_row in zip(fast_rows, torch_rows):
+        assert fast_row["top5_labels"] == torch_row["top5_labels"]
+        assert fast_row["top_patch"] == torch_row["top_patch"] and len(fast_row["entropy"]) == 2 * 4
+        for name in ("entropy", "distance_px", "prefix_share", "mass60_fraction", "top5_probs"):
+            np.testing.assert_allclose(fast_row[name], torch_row[name], rtol=1e-5, atol=1e-5, err_msg=name)
