@@ -244,3 +244,24 @@ def test_dataset_batch_on_the_runtime_gives_the_pytorch_statistics(tiny, tiny_fa
         assert fast_row["top_patch"] == torch_row["top_patch"] and len(fast_row["entropy"]) == 2 * 4
         for name in ("entropy", "distance_px", "prefix_share", "mass60_fraction", "top5_probs"):
             np.testing.assert_allclose(fast_row[name], torch_row[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@needs_extra
+def test_dataset_command_on_a_runtime_writes_the_pytorch_tables(tmp_path, monkeypatch, capsys, caplog):
+    from attnviz import cli
+    from attnviz.dataset import read_run
+    from dataset_fixtures import SMALL, photo_folder, same_tables
+
+    monkeypatch.setattr(runtimes, "default_cache", lambda: tmp_path / "cache")
+    folder = photo_folder(tmp_path)
+    args = [str(folder), "--size", str(SMALL), "--batch", "2", "--quiet"]
+    with caplog.at_level(logging.INFO, logger="attnviz.runtimes"):
+        assert cli.main(["dataset", *args, "--out", str(tmp_path / "fast"), "--runtime", "openvino"]) == 1  # notes.jpg
+    assert any("captures on openvino" in r.getMessage() for r in caplog.records)  # switched on, not fallen back
+    assert cli.main(["dataset", *args, "--out", str(tmp_path / "torch")]) == 1
+    assert "4 images and 1 unusable files" in capsys.readouterr().out
+    assert list((tmp_path / "cache").glob("capture-*.onnx"))  # the real model at 56 px went through the runtime
+    # distances are in pixels (up to ~35 here): measured 1.5e-5 apart, a few float32 steps at that size
+    same_tables(read_run(tmp_path / "fast"), read_run(tmp_path / "torch"), tol=1e-4)
+    assert cli.main(["dataset", *args, "--out", str(tmp_path / "ray"), "--engine", "ray", "--runtime", "openvino"]) == 2
+    assert capsys.readouterr().err == "error: --runtime works with the local engine only\n"

@@ -99,7 +99,7 @@ def fast(
     threads = torch.get_num_threads() if threads is None else threads
     start = time.perf_counter()
     try:
-        path = graph.exported(model, Path(cache) if cache is not None else offline.cache_dir() / "runtimes")
+        path = graph.exported(model, Path(cache) if cache is not None else default_cache())
         candidate = Runtime(runtime, path, threads, backend.start(path, threads))
         why = mismatch(base, candidate)
     except Exception as e:  # noqa: BLE001 — the exporter and the runtimes raise many kinds; PyTorch still works
@@ -109,6 +109,11 @@ def fast(
         return base
     log.info("%s captures on %s (checked exact in %.1f s)", model.name, runtime, time.perf_counter() - start)
     return dataclasses.replace(model, runtime=candidate)
+
+
+def default_cache() -> Path:
+    """Where exported graphs are kept: ``$ATTNVIZ_CACHE/runtimes`` (``~/.cache/attnviz/runtimes``)."""
+    return offline.cache_dir() / "runtimes"
 
 
 def probe(model: Model) -> torch.Tensor:
