@@ -96,6 +96,22 @@ def measure(size: int, threads: int, busy: int, repeats: int, compile_budget: fl
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def live() -> None:
+    """The live camera's newest-frame worker at 196 px (``bench.live.processor_speed``) on each runtime."""
+    import psutil
+
+    from bench.live import processor_speed
+
+    print(f"live camera worker, 196 px, 1 worker × 1 thread, frames at 20/s for 8 s; load average "
+          f"{' '.join(f'{x:.1f}' for x in psutil.getloadavg())} before the run\n")
+    print("| runtime | heatmaps/s | frame → heatmap sent | compute per frame | frames dropped |")
+    print("|---|---|---|---|---|")
+    for runtime in (None, "onnxruntime", "openvino"):
+        r = processor_speed(1, 1, runtime=runtime)
+        print(f"| {r['runtime']} | {r['fps']:.1f} | {r['latency_ms']:.0f} ms | {r['compute_ms']:.0f} ms | "
+              f"{r['dropped']:.0%} |", flush=True)
+
+
 def cell(value: float | str, eager: float | str) -> str:
     if isinstance(value, str):
         return value
@@ -112,6 +128,8 @@ def main() -> None:
     parser.add_argument("--compile-budget", type=float, default=300.0,
                         help="seconds torch.compile may take to compile before its column says so (0: skip)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one row may take in all")
+    parser.add_argument("--live", action="store_true",
+                        help="instead: the live camera's worker (bench.live, no browser) on each runtime, 1 thread")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -119,6 +137,9 @@ def main() -> None:
         print(json.dumps(child(int(size), int(threads), int(repeats), float(budget))))
         return
     import psutil
+    if args.live:
+        live()
+        return
 
     print(f"attnviz runtimes benchmark — {psutil.cpu_count()} CPUs, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')}, load average "
