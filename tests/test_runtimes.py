@@ -265,3 +265,25 @@ def test_dataset_command_on_a_runtime_writes_the_pytorch_tables(tmp_path, monkey
     same_tables(read_run(tmp_path / "fast"), read_run(tmp_path / "torch"), tol=1e-4)
     assert cli.main(["dataset", *args, "--out", str(tmp_path / "ray"), "--engine", "ray", "--runtime", "openvino"]) == 2
     assert capsys.readouterr().err == "error: --runtime works with the local engine only\n"
+
+
+@needs_extra
+@pytest.mark.parametrize("arch", ["ViTModel", "Dinov2Model"])
+def test_hugging_face_models_are_exact_on_the_runtime_or_stay_on_pytorch(arch, tmp_path, cache, caplog):
+    transformers = pytest.importorskip("transformers")
+    from test_hf import VIT_PROCESSOR, save
+    from test_hf import tiny as tiny_hf
+
+    folder = save(tiny_hf(arch), tmp_path / arch, VIT_PROCESSOR)
+    model = attnviz.load_model(f"hf:{folder}", device="cpu")
+    with caplog.at_level(logging.INFO, logger="attnviz.runtimes"):
+        fast_model = attnviz.fast(model, "onnxruntime", cache=cache)
+    lines = [r.getMessage() for r in caplog.records if r.name == "attnviz.runtimes"]
+    assert len(lines) <= 2 and (fast_model.runtime is not None or "stays on PyTorch" in lines[-1]), lines
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(fast_model, x)
+    eager = getattr(transformers, arch).from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = eager(pixel_values=x, output_attentions=True)
+    for layer in range(2):
+        assert float((cap.layer_weights(layer) - out.attentions[layer][0]).abs().max()) <= 1e-5
