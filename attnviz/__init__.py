@@ -28,6 +28,7 @@ from .masks import MassMask, draw_mask, mass_mask
 from .models import HUB_MODELS, Model, load_model, wrap
 from .photos import load_photo, read_photo
 from .relevance import attention_forward, class_relevance, relevance_map
+from .runtimes import fast
 from .rollout import cls_rollout_grid, layer_flow, rollout_map, rollout_matrix, rollout_row
 from .stats import HeadStats, head_stats
 
@@ -41,4 +42,5 @@ __all__ = [
     "HeadStats", "head_stats", "stats", "qkmap",
     "load_capture", "save_capture", "show",
     "load_photo", "read_photo",
+    "fast",
 ]

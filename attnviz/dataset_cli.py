@@ -14,6 +14,7 @@ import sys
 
 from .dataset import RunConfig, RunError, Summary, run_local
 from .models import ModelError
+from .runtimes import RUNTIMES, fast
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,12 +39,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ds.add_argument("--store", choices=("none", "qk"), default="none",
                     help="qk: also keep each image's exact compact capture (OUT/captures/<sha256>.npz, "
                          "reload with attnviz.load_capture)")
+    ds.add_argument("--runtime", choices=sorted(RUNTIMES), default=None,
+                    help="capture on this CPU runtime where it is checked exact for the model, else on PyTorch "
+                         "(needs pip install 'attnviz[fast]'; local engine)")
     ds.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.workers < 1:
         print("error: --batch and --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.runtime and args.engine == "ray":
+        print("error: --runtime works with the local engine only", file=sys.stderr)
         return 2
     config = RunConfig(model=args.model, size=args.size, checkpoint=args.checkpoint, fit=args.fit, store=args.store)
     try:
@@ -56,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
             summary = run_ray(args.source, args.out, config, batch=args.batch, workers=args.workers,
                               cpus_per_worker=args.cpus_per_worker, address=args.address, progress=not args.quiet)
         else:
-            summary = run_local(args.source, args.out, config, batch=args.batch, progress=not args.quiet)
+            # a runtime is not a setting of the run (run.json): it is switched on only where its numbers are PyTorch's
+            model = fast(config.load(), args.runtime) if args.runtime else None
+            summary = run_local(args.source, args.out, config, batch=args.batch, progress=not args.quiet, model=model)
     except (ModelError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import timm
 import timm.data
@@ -67,6 +67,9 @@ class Model:
     # What a page or a file meant for others calls it: its name without any path on this computer
     # ("hf:my-vit", not "hf:/srv/models/my-vit"); the name itself when that holds no path.
     public_name: str | None = None
+    # Where captures run their forward pass when not on PyTorch: an attnviz.runtimes.Runtime that
+    # attnviz.fast() checked exact for this model at this size; None (PyTorch) by default.
+    runtime: Any = None
     tap: Tap = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -103,8 +103,10 @@ def live_speed(seconds: float = 10.0, warmup: float = 5.0) -> dict[str, float]:
             "video_fps": seen["shown"] / seen["seconds"], **rtc}
 
 
-def processor_speed(workers: int, threads: int | None, seconds: float = 8.0, rate: float = 20.0) -> dict:
-    """The newest-frame worker alone, fed a moving 320 × 240 picture at ``rate`` frames/s (no video)."""
+def processor_speed(workers: int, threads: int | None, seconds: float = 8.0, rate: float = 20.0,
+                    runtime: str | None = None) -> dict:
+    """The newest-frame worker alone, fed a moving 320 × 240 picture at ``rate`` frames/s (no video);
+    with ``runtime``, its captures on that runtime (:func:`attnviz.fast`, where checked exact)."""
     import torch
     from PIL import Image
 
@@ -112,6 +114,8 @@ def processor_speed(workers: int, threads: int | None, seconds: float = 8.0, rat
     from attnviz.live import LiveProcessor, LiveSettings
 
     model = attnviz.load_model(size=196, device="cpu")
+    if runtime is not None:
+        model = attnviz.fast(model, runtime, threads=threads or torch.get_num_threads())
     photo = Image.open(ASSETS / "cat.jpg").convert("RGB").resize((480, 360))
     frames = [photo.crop((i, i, i + 320, i + 240)) for i in range(0, 100, 5)]  # a slow pan
     proc = LiveProcessor(LiveSettings(model, layer=model.depth - 1), workers=workers, threads=threads)
@@ -127,6 +131,7 @@ def processor_speed(workers: int, threads: int | None, seconds: float = 8.0, rat
         proc.stop()
         proc.join(5)
     return {"workers": workers, "threads": threads or torch.get_num_threads(), "fps": stats.fps,
+            "runtime": model.runtime.name if model.runtime is not None else "pytorch",
             "latency_ms": stats.latency_ms, "compute_ms": stats.compute_ms,
             "dropped": stats.dropped / max(1, stats.frames_in)}
 

@@ -45,7 +45,10 @@ class TimmRopeAdapter(TimmAdapter):
             npt, half = attn.num_prefix_tokens, getattr(attn, "rotate_half", False)
             for store in (recorder.query, recorder.key):
                 x = store[layer]  # (H, N, d_k); rope is (N − npt, 2 d_k), or (H, N − npt, 2 d_k) when mixed
-                x[:, npt:] = apply_rot_embed_cat(x[:, npt:], rope, half=half).type_as(x)
+                rotated = apply_rot_embed_cat(x[:, npt:], rope, half=half).type_as(x)
+                # one whole-layer copy, as the hooks write: an ONNX export keeps it (attnviz.runtimes),
+                # where it drops a write into a slice of a slice
+                store[layer].copy_(torch.cat([x[:, :npt], rotated], dim=1))
 
 
 def adapter(network: torch.nn.Module, size: int) -> Adapter:

@@ -1,0 +1,155 @@
+"""A faster forward where it is exact: the capture's forward pass on ONNX Runtime or OpenVINO.
+
+    import attnviz
+    model = attnviz.fast(attnviz.load_model(), "openvino")   # or "onnxruntime"
+    cap = attnviz.capture(model, photo)                     # the same Capture, computed faster
+    model.runtime                                           # Runtime('openvino', 1 thread) — or None
+
+PyTorch stays the reference and the default. :func:`fast` exports the capture's forward — the network
+with every layer's q and k as extra outputs (:mod:`.graph`) — to ONNX, starts it on the runtime, and
+runs both on a probe (the sample photo ``cat.jpg`` as this model sees it). It keeps the runtime only if
+on every layer the runtime's q and k, token norms and output equal PyTorch's within 1e-5 of that
+layer's largest value, and every attention weight softmax(q · kᵀ · scale + bias) within 1e-5. Otherwise
+it logs one line (logger ``attnviz.runtimes``) and returns the model as it was: never silently wrong.
+
+The weights themselves are always recomputed from q and k by :class:`attnviz.Capture`, exactly as on
+the PyTorch path. A runtime needs the optional extra: ``pip install 'attnviz[fast]'``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .. import offline
+from ..capture import capture_tensor
+from ..errors import ModelError
+from ..models import Model
+from . import graph, onnx_runtime, open_vino
+
+RUNTIMES = {backend.NAME: backend for backend in (onnx_runtime, open_vino)}
+DEFAULT = "openvino"
+TOLERANCE = 1e-5
+INSTALL = "pip install 'attnviz[fast]'"
+log = logging.getLogger("attnviz.runtimes")
+
+__all__ = ["Outputs", "Runtime", "fast", "mismatch", "RUNTIMES", "TOLERANCE"]
+
+
+class Outputs(NamedTuple):
+    """What one forward pass gives the capture, as torch tensors."""
+
+    output: torch.Tensor  # (C,)
+    query: torch.Tensor  # (L, H, N, d_k)
+    key: torch.Tensor  # (L, H, N, d_k)
+    norms: torch.Tensor  # (L, N)
+
+
+@dataclass(frozen=True, eq=False)
+class Runtime:
+    """The capture's forward pass of one model at one size, on a runtime other than PyTorch."""
+
+    name: str  # a key of RUNTIMES
+    path: Path  # the exported ONNX graph
+    threads: int
+    run: Callable[[np.ndarray], list[np.ndarray]] = dataclasses.field(repr=False)
+
+    def forward(self, x: torch.Tensor) -> Outputs:
+        """(1, 3, S, S) float32 → the capture's output, q, k and token norms."""
+        out = self.run(np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32))
+        output, query, key, norms = (torch.from_numpy(np.asarray(a)) for a in out)
+        return Outputs(output, query, key, norms)
+
+    def __repr__(self) -> str:
+        return f"Runtime({self.name!r}, {self.threads} thread{'s' if self.threads != 1 else ''})"
+
+
+def fast(
+    model: Model, runtime: str = DEFAULT, *, threads: int | None = None, cache: str | Path | None = None
+) -> Model:
+    """``model`` with its captures computed on ``runtime`` ("openvino" or "onnxruntime") where that is
+    exact, else ``model`` itself with one line in the log saying why.
+
+    Args:
+        threads: CPU threads per forward pass; PyTorch's current setting by default.
+        cache: where exported graphs are kept; ``$ATTNVIZ_CACHE/runtimes`` by default.
+
+    Raises :class:`ModelError` (one sentence) for a runtime attnviz does not know or whose package is
+    not installed.
+    """
+    if runtime not in RUNTIMES:
+        raise ModelError(f"attnviz knows the runtimes {', '.join(sorted(RUNTIMES))}, not {runtime!r}.")
+    backend = RUNTIMES[runtime]
+    try:
+        __import__(backend.PACKAGE)
+    except ImportError as e:
+        raise ModelError(f"The {runtime} runtime is not installed; install it with {INSTALL}.") from e
+    base = dataclasses.replace(model, runtime=None)
+    if model.device.type != "cpu" or next(model.network.parameters()).dtype != torch.float32:
+        log.warning("%s stays on PyTorch: the %s runtime runs float32 models on the CPU only", model.name, runtime)
+        return base
+    threads = torch.get_num_threads() if threads is None else threads
+    start = time.perf_counter()
+    try:
+        path = graph.exported(model, Path(cache) if cache is not None else default_cache())
+        candidate = Runtime(runtime, path, threads, backend.start(path, threads))
+        why = mismatch(base, candidate)
+    except Exception as e:  # noqa: BLE001 — the exporter and the runtimes raise many kinds; PyTorch still works
+        why = f"it could not be exported or run ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+    if why is not None:
+        log.warning("%s stays on PyTorch: on %s %s", model.name, runtime, why)
+        return base
+    log.info("%s captures on %s (checked exact in %.1f s)", model.name, runtime, time.perf_counter() - start)
+    return dataclasses.replace(model, runtime=candidate)
+
+
+def default_cache() -> Path:
+    """Where exported graphs are kept: ``$ATTNVIZ_CACHE/runtimes`` (``~/.cache/attnviz/runtimes``)."""
+    return offline.cache_dir() / "runtimes"
+
+
+def probe(model: Model) -> torch.Tensor:
+    """The probe input: the sample photo ``cat.jpg`` as ``model`` sees it, (1, 3, S, S)."""
+    with resources.files("attnviz").joinpath("assets", "cat.jpg").open("rb") as f:
+        photo = Image.open(f).convert("RGB")
+    return model.to_input(model.view(photo))
+
+
+def mismatch(model: Model, runtime: Runtime, x: torch.Tensor | None = None) -> str | None:
+    """Why ``runtime`` is not exact for ``model`` on input ``x`` (the probe by default), or None when it is.
+
+    Exact means: every layer's q and k, token norms and the output within ``TOLERANCE`` × that tensor's
+    largest magnitude of PyTorch's, and every attention weight within ``TOLERANCE``. (float32 PyTorch is
+    itself ~2e-5 from a float64 computation on q and k of magnitude ~40, so an absolute 1e-5 on q and k
+    would refuse a runtime for differences below PyTorch's own rounding; the weights, which the page
+    shows, are held to an absolute 1e-5.)
+    """
+    x = probe(model) if x is None else x
+    reference = capture_tensor(model, x)
+    got = runtime.forward(x)
+    fast_cap = capture_tensor(dataclasses.replace(model, runtime=runtime), x)
+    pairs = [(f"layer {i}'s {what} differ", getattr(reference, attr)[i], getattr(got, out)[i])
+             for i in range(reference.num_layers)
+             for what, attr, out in (("queries", "query", "query"), ("keys", "key", "key"),
+                                     ("token norms", "token_norms", "norms"))]
+    pairs.append(("the output differs", reference.output[None], got.output[None]))
+    for what, ref, val in pairs:
+        if ref.shape != val.shape:
+            return f"{what} in shape: {tuple(val.shape)}, not {tuple(ref.shape)}"
+        off = float((ref.double() - val.double()).abs().max())
+        scale = max(float(ref.abs().max()), 1.0)
+        if not off <= TOLERANCE * scale:  # also refuses NaN
+            return f"{what} from PyTorch's by {off:.1e} (allowed {TOLERANCE * scale:.1e})"
+    for layer in range(reference.num_layers):
+        off = float((reference.layer_weights(layer) - fast_cap.layer_weights(layer)).abs().max())
+        if not off <= TOLERANCE:
+            return f"layer {layer}'s attention weights differ from PyTorch's by {off:.1e} (allowed {TOLERANCE:.0e})"
+    return None

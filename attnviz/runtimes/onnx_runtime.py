@@ -1,0 +1,25 @@
+"""ONNX Runtime (Microsoft) on the CPU: one session per exported graph, safe to run from many threads."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+NAME = "onnxruntime"
+PACKAGE = "onnxruntime"
+
+
+def start(path: Path, threads: int) -> Callable[[np.ndarray], list[np.ndarray]]:
+    """A function (1, 3, S, S) float32 → the graph's outputs, on ``threads`` CPU threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Waiting threads sleep rather than spin, as PyTorch's OpenMP threads do here (attnviz._openmp):
+    # a spinning team collapses when another process wants a core.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only: its warnings about unused initializers are noise
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"input": x})
