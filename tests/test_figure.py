@@ -200,3 +200,27 @@ def test_a_file_that_is_not_a_photo_leaves_no_figure(loaded, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.jpg"]
+
+
+def test_an_altair_chart_keeps_its_axes_and_chinese_labels_in_svg_and_pdf():
+    pytest.importorskip("vl_convert")
+    pypdf = pytest.importorskip("pypdf")
+    import altair as alt
+    import pandas as pd
+    from fontTools.ttLib import TTFont
+
+    if not figure.cjk_font():
+        pytest.skip("Noto Sans CJK TC is not installed (Debian: fonts-noto-cjk)")
+    table = pd.DataFrame({"layer": [1, 2, 3], "entropy": [0.25, 3.5, 1.75]})
+    chart = alt.Chart(table, title="每層的熵").mark_line().encode(
+        x=alt.X("layer:O", title="層"), y=alt.Y("entropy:Q", title="熵（位元）"))
+    svg = figure.chart_bytes(chart, "svg").decode()
+    root = ET.fromstring(svg)
+    words = ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+    assert {"每層的熵", "層", "熵（位元）", "1", "2", "3", "3.5"} <= set(words)
+    encoded = re.search(r"url\(data:font/otf;base64,([A-Za-z0-9+/=]+)\)", svg).group(1)
+    covered = set(TTFont(io.BytesIO(base64.b64decode(encoded))).getBestCmap())
+    assert all(ord(ch) in covered for ch in "".join(words) if not ch.isspace())
+    pdf = pypdf.PdfReader(io.BytesIO(figure.chart_bytes(chart, "pdf"))).pages[0]
+    text = pdf.extract_text()
+    assert "每層的熵" in text and "熵（位元）" in text and "3.5" in text
