@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import atomic, capture, dataset_cli, export as exporting, figure_cli, i18n, load_model, render
+from . import atomic, capture, dataset_cli, export as exporting, figure_cli, i18n, load_model, render, video_cli
 from .images import ImageError
 from .photos import load_photo
 from .models import ModelError
@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
     dataset_cli.add_parser(sub)
     figure_cli.add_parser(sub)
+    video_cli.add_parser(sub)
     sub.add_parser("app", help="serve the web page (needs pip install 'attnviz[app]'); Streamlit's options pass through, "
                    "e.g. attnviz app --server.port 8600", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
@@ -247,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return dataset_cli.run(args)
     if args.command == "figure":
         return figure_cli.run(args)
+    if args.command == "video":
+        return video_cli.run(args)
     try:
         return export(args)
     except KeyboardInterrupt:  # while the model loads; the loop over the photos says how far it got
