@@ -101,12 +101,14 @@ def _check(cap: Capture, layers: Sequence[int], heads: Sequence[Head], views: Se
 
 
 def panels(cap: Capture, layers: Sequence[int] = (), heads: Sequence[Head] = ("mean",),
-           views: Sequence[str] = ("cls",), lang: str = i18n.DEFAULT) -> tuple[tuple[Panel, ...], tuple[tuple[Panel, ...], ...]]:
+           views: Sequence[str] = ("cls",), lang: str = i18n.DEFAULT,
+           rollout: tuple[int, int, Head, float] | None = None) -> tuple[tuple[Panel, ...], tuple[tuple[Panel, ...], ...]]:
     """The maps of a figure, as plain values: (the top row's panels, the heads block's rows).
 
     ``cls``: :meth:`Capture.summary_map` of each layer × head (the class token's row, or the mean each
     patch receives for a model without a class token); ``rollout``: :func:`attnviz.rollout.rollout_map`
-    over every layer, head mean; ``heads``: per layer, every head's map and their mean, on one scale.
+    with ``rollout`` = (first layer, last layer, head fusion, discard ratio), by default every layer,
+    head mean, nothing discarded; ``heads``: per layer, every head's map and their mean, on one scale.
     """
     layers = tuple(int(x) for x in layers) if all(isinstance(x, (int, np.integer)) for x in layers) else tuple(layers)
     _check(cap, layers, heads, views, lang)
@@ -118,9 +120,12 @@ def panels(cap: Capture, layers: Sequence[int] = (), heads: Sequence[Head] = ("m
                 title = i18n.text(lang, "figure.cls_title", layer=layer + 1, head=_head_name(head, lang))
                 top.append(Panel("cls", values, title, layer, head, float(values.min()), float(values.max())))
     if "rollout" in views:
-        values = rollout_map(cap)
-        title = i18n.text(lang, "figure.rollout_title", first=1, last=cap.num_layers)
-        top.append(Panel("rollout", values, title, None, "mean", float(values.min()), float(values.max())))
+        first, last, fusion, discard = rollout or (0, cap.num_layers - 1, "mean", 0.0)
+        values = rollout_map(cap, first, last, fusion, discard)
+        title = i18n.text(lang, "figure.rollout_title", first=first + 1, last=last + 1, head=_head_name(fusion, lang))
+        if discard:
+            title += i18n.text(lang, "figure.rollout_discard", percent=round(discard * 100))
+        top.append(Panel("rollout", values, title, None, fusion, float(values.min()), float(values.max())))
     block: list[tuple[Panel, ...]] = []
     if "heads" in views:
         for layer in layers:
@@ -171,7 +176,7 @@ def _colourbar(fig: Figure, ax, mesh, panel: Panel, size: float, beside: bool = 
 def compose(cap: Capture, layers: Sequence[int] = (), heads: Sequence[Head] = ("mean",),
             views: Sequence[str] = ("cls",), *, picture: Image.Image | None = None, cmap: str = "inferno",
             alpha: float = 0.6, lang: str = i18n.DEFAULT, model: str | None = None,
-            columns: int = 4) -> Figure:
+            rollout: tuple[int, int, Head, float] | None = None, columns: int = 4) -> Figure:
     """The figure as a matplotlib ``Figure`` (not yet saved: see :func:`save`).
 
     ``picture``: the S × S picture the model saw (default: rebuilt from ``cap.input``); ``model``: the
@@ -182,7 +187,7 @@ def compose(cap: Capture, layers: Sequence[int] = (), heads: Sequence[Head] = ("
                           "fonts-noto-cjk); make the figure with --lang en, or install the font.")
     if cmap not in matplotlib.colormaps:
         raise FigureError(f"{cmap!r} is not a matplotlib colour map.")
-    top, block = panels(cap, layers, heads, views, lang)
+    top, block = panels(cap, layers, heads, views, lang, rollout)
     if picture is None:
         if cap.prepared is None:
             raise FigureError("this capture does not record how its input was made; pass picture=model.view(image).")

@@ -224,3 +224,18 @@ def test_an_altair_chart_keeps_its_axes_and_chinese_labels_in_svg_and_pdf():
     pdf = pypdf.PdfReader(io.BytesIO(figure.chart_bytes(chart, "pdf"))).pages[0]
     text = pdf.extract_text()
     assert "每層的熵" in text and "熵（位元）" in text and "3.5" in text
+
+
+def test_rollout_cells_are_the_colour_map_at_a_recomputed_rollout(tiny_capture):
+    _, cap, ref = tiny_capture
+    fig = figure.compose(cap, views=("rollout",), rollout=(0, 1, "mean", 0.0), cmap="magma")
+    group = heat_groups(ET.fromstring(figure.to_bytes(fig, "svg")))[0]
+    rolled = np.eye(17)
+    for weights in ref:  # Abnar & Zuidema: (A + I) / 2 per layer, rows renormalised, layers multiplied in order
+        flow = 0.5 * weights.mean(0) + 0.5 * np.eye(17)
+        rolled = (flow / flow.sum(-1, keepdims=True)) @ rolled
+    row = rolled[0, 1:].reshape(4, 4)
+    for colour, allowed in zip(fills(group), expected_hex(row, row.min(), row.max(), "magma")):
+        assert colour in allowed
+    words = "".join(ET.fromstring(figure.to_bytes(fig, "svg")).itertext())
+    assert "Rollout, layers 1–2 · mean of all heads" in words
