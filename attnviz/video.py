@@ -41,7 +41,15 @@ MAX_OUT_FPS = 30.0  # default: a faster video is sampled down to at most this ma
 
 
 class VideoError(AttnvizError, ValueError):
-    """A video that cannot be used: not a video, damaged, or over a limit. One sentence."""
+    """A video that cannot be used: not a video, damaged, or over a limit. One sentence.
+
+    ``key`` and ``values`` name the same sentence for a translation catalogue (``video.error_<key>``).
+    """
+
+    def __init__(self, message: str, key: str = "", **values: object) -> None:
+        super().__init__(message)
+        self.key = key
+        self.values = values
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,8 @@ def _open(source: str | Path, name: str):
     except FileNotFoundError:
         raise VideoError(f"{name} does not exist.") from None
     except (av.error.InvalidDataError, av.error.FFmpegError, UnicodeDecodeError) as e:
-        raise VideoError(f"{name} is not a video attnviz can read ({_reason(e)}); use an MP4, MOV or WebM file.") from None
+        raise VideoError(f"{name} is not a video attnviz can read ({_reason(e)}); use an MP4, MOV or WebM file.",
+                         "not_video", name=name) from None
 
 
 def _reason(error: Exception) -> str:
@@ -125,10 +134,11 @@ def probe(source: str | Path, limits: Limits = Limits(), name: str | None = None
         raise VideoError(f"{name} does not exist.") from None
     if size > limits.bytes:
         raise VideoError(f"{name} is {size / 2**20:.0f} MB; videos up to {limits.bytes / 2**20:.0f} MB can be used, "
-                         "so cut it shorter or make it smaller.")
+                         "so cut it shorter or make it smaller.", "too_large", name=name, mb=round(size / 2**20),
+                         limit=round(limits.bytes / 2**20))
     with _open(source, name) as container:
         if not container.streams.video:
-            raise VideoError(f"{name} holds no video, only {len(container.streams)} other stream(s).")
+            raise VideoError(f"{name} holds no video, only {len(container.streams)} other stream(s).", "no_video", name=name)
         stream = container.streams.video[0]
         ctx = stream.codec_context
         width, height = int(ctx.width or 0), int(ctx.height or 0)
@@ -145,10 +155,12 @@ def probe(source: str | Path, limits: Limits = Limits(), name: str | None = None
         raise VideoError(f"{name}'s video stream does not say its frame size or rate, so it cannot be used.")
     if width * height > limits.pixels:
         raise VideoError(f"{name} is {width} × {height} pixels; videos up to {limits.pixels / 1e6:.1f} megapixels "
-                         "a frame (4K) can be used.")
+                         "a frame (4K) can be used.", "too_many_pixels", name=name, width=width, height=height,
+                         mp=f"{limits.pixels / 1e6:.1f}")
     if seconds is not None and seconds > limits.seconds + 0.5 / fps:
         raise VideoError(f"{name} is {seconds:.1f} s long; videos up to {limits.seconds:.0f} s can be used, "
-                         "so cut it shorter first.")
+                         "so cut it shorter first.", "too_long", name=name, seconds=f"{seconds:.1f}",
+                         limit=f"{limits.seconds:.0f}")
     return info
 
 
@@ -173,7 +185,8 @@ def decoded_frames(source: str | Path, name: str | None = None) -> Iterator[Imag
             for frame in container.decode(stream):
                 yield upright(frame)
         except (av.error.InvalidDataError, av.error.FFmpegError) as e:
-            raise VideoError(f"{name} is damaged: a frame could not be decoded ({_reason(e)}); nothing was written.") from None
+            raise VideoError(f"{name} is damaged: a frame could not be decoded ({_reason(e)}); nothing was written.",
+                             "damaged", name=name) from None
 
 
 def frame_at(source: str | Path, index: int, name: str | None = None) -> Image.Image:
@@ -276,7 +289,8 @@ def render_video(
                     last_time = frames_in / info.fps
                     if last_time > limits.seconds:  # a header without a length: the limit holds while decoding
                         raise VideoError(f"{name} is longer than {limits.seconds:.0f} s; videos up to "
-                                         f"{limits.seconds:.0f} s can be used, so cut it shorter first.")
+                                         f"{limits.seconds:.0f} s can be used, so cut it shorter first.",
+                                         "too_long_decoded", name=name, limit=f"{limits.seconds:.0f}")
                 frames_in += 1
                 if len(batch) >= settings.batch:
                     flush()

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the clip generator the tests use (a bench script, not the package)
 
 CHILD = r"""
 import sys
@@ -42,7 +41,7 @@ def main() -> None:
     import attnviz
     from attnviz import video
     from attnviz.capture import capture_tensor
-    from video_fixtures import write_clip
+    from tests.video_fixtures import write_clip  # the clip generator the tests use (run from the checkout)
 
     model = attnviz.load_model(device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
