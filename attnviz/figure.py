@@ -3,8 +3,8 @@
 A figure is a row of panels — the photo as the model saw it, then the class token's map of every
 chosen layer × head (``"cls"``), the attention rollout (``"rollout"``, Abnar & Zuidema 2020) — and, with
 ``"heads"``, a block below: one row per chosen layer, one small map per head and the mean of heads.
-Each map is the photo as one raster at the model's own resolution (S × S, never resampled) under one
-vector rectangle per patch (``pcolormesh``; its group in the SVG has the id ``heatmap-<n>``), with a
+Each map is the photo as a raster at the model's own resolution (S × S, never resampled; an SVG holds
+it once and draws it under every map with ``<use>``) under one vector rectangle per patch (``pcolormesh``; its group in the SVG has the id ``heatmap-<n>``), with a
 colour bar whose numbers are the map's smallest, middle and largest attention weight. The model's
 name, input size and grid are written under the title.
 
@@ -164,6 +164,7 @@ def _colourbar(fig: Figure, ax, mesh, panel: Panel, size: float, beside: bool = 
     bar = fig.colorbar(mesh, cax=cax, orientation="vertical" if beside else "horizontal")
     bar.solids.set_alpha(1.0)  # the scale shows the colours themselves, not as blended
     bar.solids.set_rasterized(False)  # vector too (matplotlib rasterises bars of 50+ colours by default)
+    bar.solids.set_edgecolor("face")  # no hairline seams between its 256 rectangles in a viewer
     ticks = _ticks(panel.vmin, panel.vmax)
     bar.set_ticks(ticks, labels=[f"{v:.3g}" for v in ticks])
     bar.ax.tick_params(labelsize=size)
@@ -264,7 +265,7 @@ def to_bytes(fig: Figure, format: str, dpi: int = 300) -> bytes:
     with _DRAWING, matplotlib.rc_context(RC):
         fig.savefig(buffer, format=format, dpi=dpi, metadata=metadata)
     data = buffer.getvalue()
-    return embed_fonts(data.decode("utf-8")).encode("utf-8") if format == "svg" else data
+    return embed_fonts(share_images(data.decode("utf-8"))).encode("utf-8") if format == "svg" else data
 
 
 def figure_bytes(cap: Capture, format: str = "svg", dpi: int = 300, **options) -> bytes:
@@ -348,6 +349,35 @@ def _subset(family: str, characters: str) -> bytes | None:
 
 
 _TEXT = re.compile(r"<text\b[^>]*>([^<]*)</text>")
+_IMAGE = re.compile(r"<image\b([^>]*?)/>", re.S)
+_ATTRIBUTE = re.compile(r'([\w:-]+)="([^"]*)"')
+
+
+def share_images(svg: str) -> str:
+    """``svg`` with a picture that matplotlib wrote several times (the photo under every map) kept once, in
+    ``<defs>``, and drawn with ``<use>`` where it was: one copy of the photo however many maps show it."""
+    images = [(m, dict(_ATTRIBUTE.findall(m.group(1)))) for m in _IMAGE.finditer(svg)]
+    shape = lambda a: (a.get("xlink:href"), a.get("width"), a.get("height"), a.get("style"))
+    counts: dict[tuple, int] = {}
+    for _, attributes in images:
+        counts[shape(attributes)] = counts.get(shape(attributes), 0) + 1
+    shared = {key: f"picture-{i}" for i, key in enumerate(k for k, n in counts.items() if n > 1)}
+    if not shared:
+        return svg
+    parts, end = [], 0
+    for match, attributes in images:
+        key = shape(attributes)
+        if key not in shared:
+            continue
+        placed = " ".join(f'{name}="{attributes[name]}"' for name in ("x", "y", "transform") if name in attributes)
+        parts += [svg[end:match.start()], f'<use xlink:href="#{shared[key]}" {placed}/>']
+        end = match.end()
+    parts.append(svg[end:])
+    body = "".join(parts)
+    defs = "".join(f'<image id="{name}" xlink:href="{href}" width="{w}" height="{h}"'
+                   + (f' style="{style}"' if style else "") + "/>\n" for (href, w, h, style), name in shared.items())
+    return body.replace("<defs>", "<defs>\n" + defs, 1) if "<defs>" in body else re.sub(
+        r"(<svg\b[^>]*>)", lambda m: m.group(1) + "\n<defs>" + defs + "</defs>", body, count=1)
 
 
 def embed_fonts(svg: str, families: Sequence[str] = (LATIN_FONT, CJK_FONT)) -> str:

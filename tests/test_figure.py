@@ -94,10 +94,13 @@ def test_svg_names_nothing_outside_itself_and_embeds_the_photo_unresampled(tiny_
     values = [v for e in root.iter() if id(e) not in metadata for v in e.attrib.values()]
     assert not [v for v in values if re.match(r"\s*(https?:|file:|ftp:|/|\.\.?/)", v)]
     view = np.asarray(model.view(photo()))
-    images = [e.get(XLINK) for e in root.iter(f"{SVG}image")]
-    photos = [np.asarray(Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))).convert("RGB")) for u in images]
-    same = [p for p in photos if p.shape == view.shape and (p == view).all()]
-    assert len(same) == 3  # the photo panel and one under each of the two maps, each exactly the 32 × 32 view
+    images = {e.get("id"): e.get(XLINK) for e in root.iter(f"{SVG}image")}
+    photos = {i: np.asarray(Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))).convert("RGB"))
+              for i, u in images.items()}
+    same = [i for i, p in photos.items() if p.shape == view.shape and (p == view).all()]
+    assert len(same) == 1  # the photo once, exactly the 32 × 32 view the model saw …
+    uses = [e for e in root.iter(f"{SVG}use") if e.get(XLINK) == f"#{same[0]}"]
+    assert len(uses) == 3  # … drawn in the photo panel and under each of the two maps
 
 
 def test_chinese_is_real_text_in_an_embedded_font(tiny_capture):
@@ -238,4 +241,4 @@ def test_rollout_cells_are_the_colour_map_at_a_recomputed_rollout(tiny_capture):
     for colour, allowed in zip(fills(group), expected_hex(row, row.min(), row.max(), "magma")):
         assert colour in allowed
     words = "".join(ET.fromstring(figure.to_bytes(fig, "svg")).itertext())
-    assert "Rollout, layers 1–2 · mean of all heads" in words
+    assert "Rollout, layers 1–2" in words and "mean of all heads" in words
