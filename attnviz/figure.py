@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -337,6 +338,7 @@ def _subset(family: str, characters: str) -> bytes | None:
     if found is None:
         return None
     font = TTFont(found[0], fontNumber=found[1])
+    logging.getLogger("fontTools.subset").setLevel(logging.ERROR)  # "FFTM NOT subset": a timestamp table, dropped
     options = subset.Options()
     options.name_IDs = ["*"]
     options.notdef_outline = True
