@@ -2,6 +2,8 @@
 frame i (recomputed here from the timm blocks), with the right count, duration, orientation and metadata."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -217,3 +219,50 @@ def test_frame_at_is_the_upright_frame(tmp_path):
     assert frame.shape == (96, 64, 3) and (frame == np.rot90(stored[3])).all()
     with pytest.raises(video.VideoError, match="has only 5 frames, not 9"):
         video.frame_at(src, 8)
+
+
+PEAK = r"""
+import sys
+from conftest import tiny_vit  # run from the tests folder
+from attnviz import video
+video.render_video(sys.argv[1], sys.argv[2], tiny_vit())
+print([int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] // 1024)
+"""
+
+
+@pytest.mark.slow  # ~2 min on the shared 2-core machine (two processes, 550 frames)
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak memory from /proc")
+def test_memory_is_flat_in_the_videos_length(tmp_path):
+    """Ten times the frames, the same peak: a whole-video array of the long clip alone would be 115 MB."""
+    import subprocess
+    import sys
+
+    peaks = []
+    for frames in (50, 500):
+        src = write_clip(tmp_path / f"c{frames}.mp4", frames, fps=30, width=320, height=240)
+        out = subprocess.run([sys.executable, "-c", PEAK, str(src), str(tmp_path / f"o{frames}.mp4")],
+                             capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
+        peaks.append(int(out.stdout.split()[-1]))  # MB
+    print(f"peak memory: {peaks[0]} MB for 50 frames, {peaks[1]} MB for 500 frames")
+    assert peaks[1] - peaks[0] < 25, peaks
+
+
+def test_every_refusal_reads_in_both_languages(tmp_path):
+    from attnviz import i18n
+
+    src = write_clip(tmp_path / "clip.mp4", 60, fps=30)
+    notes = tmp_path / "notes.mov"
+    notes.write_text("not a video")
+    errors = []
+    for source, limits in ((src, video.Limits(seconds=1.0)), (src, video.Limits(pixels=100)),
+                           (src, video.Limits(bytes=100)), (notes, video.Limits())):
+        with pytest.raises(video.VideoError) as caught:
+            video.probe(source, limits)
+        errors.append(caught.value)
+    assert [e.key for e in errors] == ["too_long", "too_many_pixels", "too_large", "not_video"]
+    for error in errors:
+        for lang in i18n.LANGUAGES:
+            sentence = i18n.text(lang, f"video.error_{error.key}", **error.values)
+            assert error.values["name"] in sentence and "{" not in sentence
+    assert i18n.text("zh-TW", "video.error_too_long", **errors[0].values) == \
+        "clip.mp4 長 2.0 秒；影片最長 1 秒，請先剪短。"
