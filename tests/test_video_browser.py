@@ -79,6 +79,8 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         info.value.save_as(mp4)
         with av.open(str(mp4)) as c:
             assert c.streams.video[0].frames == 12 and "phone.mov" in c.metadata["comment"]
+        if lang == "zh-TW":
+            page.screenshot(path=SHOTS / "video_zh-TW_desktop.png")
         if lang == "en":
             for name, (viewport, touch) in SIZES.items():
                 page.set_viewport_size(viewport)
@@ -97,5 +99,4 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         root = ET.parse(svg).getroot()
         groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if (g.get("id") or "").startswith("heatmap-")]
         assert len(groups) == 1 and len(list(groups[0].iter("{http://www.w3.org/2000/svg}path"))) == 14 * 14
-        if lang == "en":
-            page.screenshot(path=SHOTS / "video_frozen_desktop.png", full_page=True)
+        page.screenshot(path=SHOTS / f"video_frozen_{lang}.png", full_page=True)
