@@ -242,3 +242,18 @@ def test_rollout_cells_are_the_colour_map_at_a_recomputed_rollout(tiny_capture):
         assert colour in allowed
     words = "".join(ET.fromstring(figure.to_bytes(fig, "svg")).itertext())
     assert "Rollout, layers 1–2" in words and "mean of all heads" in words
+
+
+@pytest.mark.parametrize("view", ["heads", "rollout", "cls"])
+def test_the_page_offers_svg_and_pdf_beside_each_picture(view, real_model):
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import APP
+
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["lang"] = "zh-TW"
+    at.session_state["view"] = view
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    buttons = {b.label for b in at.get("download_button")}
+    assert {"下載 SVG（向量圖）", "下載 PDF（向量圖）"} <= buttons, buttons
