@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ for line in open("/proc/self/status"):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0, help="length of the timed clip (default 3 s)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three timings (default 3)")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of a 2 s and an 8 s clip")
     args = parser.parse_args()
     import torch
@@ -49,25 +51,28 @@ def main() -> None:
         frames = list(video.decoded_frames(clip))  # for the capture-alone timing only
         inputs = [model.to_input(model.view(f)) for f in frames]
         capture_tensor(model, inputs[0])  # warm
-        start = time.perf_counter()
-        for x in inputs:
-            capture_tensor(model, x)
-        alone = len(inputs) / (time.perf_counter() - start)
-        start = time.perf_counter()
-        with torch.inference_mode():
+        rounds = {"forward": [], "capture": [], "video": []}
+        for r in range(args.rounds):  # interleaved: the machine's other load changes from minute to minute
+            start = time.perf_counter()
+            with torch.inference_mode():
+                for x in inputs:
+                    model.network(x)
+            rounds["forward"].append(len(inputs) / (time.perf_counter() - start))
+            start = time.perf_counter()
             for x in inputs:
-                model.network(x)
-        forward = len(inputs) / (time.perf_counter() - start)
-        result = video.render_video(clip, Path(tmp) / "out.mp4", model)
+                capture_tensor(model, x)
+            rounds["capture"].append(len(inputs) / (time.perf_counter() - start))
+            rounds["video"].append(video.render_video(clip, Path(tmp) / f"out{r}.mp4", model).frames_per_second)
         load = os.getloadavg()
         print(f"attnviz video, {model.public_name} at {model.size} px, {len(frames)} frames of 640 × 360 at 30 fps, "
-              f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs; load average "
-              f"{load[0]:.1f} / {load[1]:.1f} (shared machine: other work ran at the same time)\n")
-        print("| what | frames/s |")
-        print("|---|---|")
-        print(f"| timm forward alone (no capture) | {forward:.1f} |")
-        print(f"| capture alone (capture_tensor) | {alone:.1f} |")
-        print(f"| attnviz video: decode + upright + capture + overlay + H.264 encode | {result.frames_per_second:.1f} |")
+              f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs; {args.rounds} interleaved rounds; load "
+              f"average {load[0]:.1f} / {load[1]:.1f} (shared machine: other work ran at the same time)\n")
+        print("| what | frames/s, median | each round |")
+        print("|---|---|---|")
+        for key, what in (("forward", "timm forward alone (no capture)"), ("capture", "capture alone (capture_tensor)"),
+                          ("video", "attnviz video: decode + upright + capture + overlay + H.264 encode")):
+            each = ", ".join(f"{v:.1f}" for v in rounds[key])
+            print(f"| {what} | {statistics.median(rounds[key]):.1f} | {each} |")
         if args.memory:
             print("\n| clip | frames | peak memory, MB |")
             print("|---|---|---|")
