@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, i18n, load_model, render
+from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, load_model, qk_cli, render, video_cli
 from .images import ImageError
 from .photos import load_photo
 from .models import ModelError
@@ -205,6 +205,11 @@ def app(options: list[str]) -> int:
     return launch.main(options)
 
 
+# Each subcommand beside ``export`` and ``app`` is one module with ``add_parser(sub)`` and ``run(args)``.
+COMMANDS = {"dataset": dataset_cli, "faithfulness": faithfulness_cli, "qk": qk_cli, "figure": figure_cli,
+            "video": video_cli}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnviz", description="See what a Vision Transformer attends to.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -235,23 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--gif", action="store_true",
                     help="also write <stem>_layers.gif: the class-token map from layer 1 to L, for slides")
     ex.add_argument("--quiet", action="store_true", help="no progress bar")
-    dataset_cli.add_parser(sub)
-    faithfulness_cli.add_parser(sub)
-    from . import qk_cli
-
-    qk_cli.add_parser(sub)
+    for command in COMMANDS.values():
+        command.add_parser(sub)
     sub.add_parser("app", help="serve the web page (needs pip install 'attnviz[app]'); Streamlit's options pass through, "
                    "e.g. attnviz app --server.port 8600", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["app"]:
         return app(argv[1:])
     args = parser.parse_args(argv)
-    if args.command == "dataset":
-        return dataset_cli.run(args)
-    if args.command == "faithfulness":
-        return faithfulness_cli.run(args)
-    if args.command == "qk":
-        return qk_cli.run(args)
+    if args.command in COMMANDS:
+        return COMMANDS[args.command].run(args)
     try:
         return export(args)
     except KeyboardInterrupt:  # while the model loads; the loop over the photos says how far it got

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import streamlit as st
@@ -268,13 +269,19 @@ def load(settings: Settings) -> attnviz.Model:
     return model
 
 
-def image_input(model: attnviz.Model | None = None, settings: Settings | None = None) -> tuple[bytes, str] | None:
-    """Sample photo, upload, camera or live camera: the raw bytes and a display name."""
-    sources = ["sample", "upload", "camera", *(["live"] if model is not None else [])]
+def image_input(model: attnviz.Model | None = None, settings: Settings | None = None,
+                more: Mapping[str, tuple[str, Callable]] | None = None) -> tuple[bytes, str] | None:
+    """Sample photo, upload, camera or live camera (and ``more``: name → (label key, source function),
+    e.g. the video, :mod:`attnviz_app.sources`): the raw bytes and a display name."""
+    more = more if model is not None and more else {}
+    sources = ["sample", "upload", "camera", *(["live"] if model is not None else []), *more]
     source = st.radio(
-        t("input.source"), sources, format_func=lambda s: t("live.source" if s == "live" else f"input.{s}"),
+        t("input.source"), sources,
+        format_func=lambda s: t(more[s][0]) if s in more else t("live.source" if s == "live" else f"input.{s}"),
         horizontal=True, key="source",
     )
+    if source in more:
+        return more[source][1](model, settings)
     if source == "live":
         from . import live  # WebRTC is loaded only for the live camera
 
@@ -310,14 +317,14 @@ def model_or_stop(settings: Settings) -> attnviz.Model:
 
 
 def capture_or_stop(
-    model: attnviz.Model, settings: Settings, place=None
+    model: attnviz.Model, settings: Settings, place=None, more: Mapping[str, tuple[str, Callable]] | None = None
 ) -> tuple[CheckedImage, attnviz.Capture, tuple]:
     """Photo input (drawn in ``place``), checks and the cached capture; a message and a stop otherwise.
 
     Also returns the capture's cache key (model, size, photo digest, fit) for caches built on it.
     """
     with place if place is not None else st.container():
-        picked = image_input(model, settings)
+        picked = image_input(model, settings, more)
     if picked is None:
         st.info(t("input.waiting"))
         st.stop()

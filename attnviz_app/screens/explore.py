@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import render
 from attnviz.capture import HEAD_FUSIONS
-from attnviz_app import classroom, ui, views
+from attnviz_app import classroom, sources, ui, views
 from attnviz_app.text import t
 
 VIEWS = views.registered()
@@ -36,7 +36,7 @@ else:
     photo_place = None
 
 model = ui.model_or_stop(settings)
-checked, cap, cap_key = ui.capture_or_stop(model, settings, place=photo_place)
+checked, cap, cap_key = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE)
 if not present:  # the controls under the photo input and its notes, the view under them
     panel, result = st.container(), st.container()
 

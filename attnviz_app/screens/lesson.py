@@ -16,7 +16,7 @@ with startup.importing():
     import pandas as pd
     from PIL import Image, ImageDraw, ImageFont
 
-    from attnviz_app import classroom, heavy, ui
+    from attnviz_app import classroom, heavy, sources, ui
     from attnviz import Capture, Model, lesson, render
     from attnviz_app.text import t
 
@@ -413,7 +413,7 @@ st.caption(t("lesson.subtitle"))
 
 model = ui.model_or_stop(settings)
 photo_col, choice_col = st.columns([1, 3])
-checked, cap, cap_key = ui.capture_or_stop(model, settings, place=choice_col)
+checked, cap, cap_key = ui.capture_or_stop(model, settings, place=choice_col, more=sources.MORE)
 view = model.view(checked.image, settings.fit)
 photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]))
 with choice_col:

@@ -10,7 +10,7 @@ from attnviz import offline, render
 from ..text import t
 
 from .base import ALL, Context, View, register
-from .common import download_png, enlarge, head_label, heatmap
+from .common import download_figure, download_png, enlarge, head_label, heatmap
 from .norms import mark_high_norm, norm_sentence
 from .takeaway import downloads as take_away
 
@@ -56,6 +56,8 @@ def show(ctx: Context) -> None:
             st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
         download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
+        download_figure(ctx, ("cls",), (ctx.layer,), (ctx.head,), f"attention_layer{ctx.layer + 1}_head{head_part}",
+                        key="download_cls_figure")
         take_away(ctx)  # the interactive page and the layer sweep (views/takeaway.py)
     with right:
         facts(ctx)

@@ -74,6 +74,28 @@ def download_file(data, file_name: str, key: str, mime: str = "image/png", label
     )
 
 
+def download_figure(ctx, views: tuple[str, ...], layers: tuple[int, ...], heads: tuple, stem: str, key: str,
+                    rollout: tuple | None = None) -> None:
+    """"Download SVG" and "Download PDF" beside a picture: the same maps as vector figures
+    (:mod:`attnviz.figure`), each drawn only when its button is clicked."""
+    from attnviz import figure, i18n
+
+    lang = st.session_state.get("lang") or i18n.DEFAULT
+    cap = ctx.cap
+
+    def build(format: str):
+        return lambda: figure.figure_bytes(cap, format, layers=layers, heads=heads, views=views, picture=ctx.view,
+                                           cmap=ctx.cmap, alpha=ctx.alpha, lang=lang, rollout=rollout)
+
+    svg, pdf = st.columns(2)
+    with svg:
+        download_file(build("svg"), f"{stem}.svg", key=f"{key}_svg", mime="image/svg+xml",
+                      label=t("figure.download_svg"), help=t("figure.download_help"))
+    with pdf:
+        download_file(build("pdf"), f"{stem}.pdf", key=f"{key}_pdf", mime="application/pdf",
+                      label=t("figure.download_pdf"), help=t("figure.download_help"))
+
+
 def head_part(head) -> str:
     """The head as it appears in file names: 1-based number or mean/max/min."""
     return head if isinstance(head, str) else str(head + 1)

@@ -12,7 +12,7 @@ from ..text import t
 
 from .base import ALL, Context, View, register
 from .cls import no_class_token_note
-from .common import QUERY_COLOUR, data_url, download_png, selected_points
+from .common import QUERY_COLOUR, data_url, download_figure, download_png, selected_points
 
 CHART_KEY = "heads_chart"
 CELL_PX = 72  # side of one small map on the page
@@ -113,6 +113,7 @@ def show(ctx: Context) -> None:
     chosen = (ctx.layer, names.index(chosen_head) if chosen_head in names else -1)
     sheet = montage(tiles, chosen)
     download_png(sheet, "all_heads.png", key="download_heads")
+    download_figure(ctx, ("heads",), tuple(range(num_layers)), ("mean",), "all_heads", key="download_heads_figure")
 
 
 register(View("heads", show, controls=ALL, order=40))

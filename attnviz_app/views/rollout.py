@@ -13,7 +13,7 @@ from ..text import t
 
 from .base import COLOURS, Context, OPACITY, SMOOTH, View, register
 from .cls import no_class_token_note
-from .common import colour_scale, download_png, enlarge
+from .common import colour_scale, download_figure, download_png, enlarge
 
 
 def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.Image:
@@ -62,6 +62,8 @@ def show(ctx: Context) -> None:
             colour_scale(np.asarray(grid_map), ctx.cmap, picture.width, units)
     name = f"rollout_layers{first}-{last}_{fusion}.png"
     download_png(side_by_side(*pictures), name, key="download_rollout")
+    download_figure(ctx, ("cls", "rollout"), (last - 1,), (fusion,), name.removesuffix(".png"), key="download_rollout_figure",
+                    rollout=(first - 1, last - 1, fusion, discard))
 
 
 register(View("rollout", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=50))

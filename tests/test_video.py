@@ -1,0 +1,268 @@
+"""attnviz video: generated clips in, an H.264 MP4 out whose frame i is the overlay of a capture of input
+frame i (recomputed here from the timm blocks), with the right count, duration, orientation and metadata."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+av = pytest.importorskip("av")
+
+import attnviz
+from attnviz import cli, render, video
+from conftest import tiny_vit
+from test_capture import reference_weights
+from video_fixtures import read_frames, write_clip
+
+CODEC_TOLERANCE = 4.0  # mean |decoded − drawn| per channel, 0…255: H.264 at crf 18 on these small frames
+LUT_STEP = 4  # max |drawn − expected| per pixel: a weight recomputed differently (≈1e-7) may fall one colour bin over
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_vit()
+
+
+def expected_overlay(model, stored: np.ndarray, rotation: int = 0, layer: int = 1, scale: int = 2) -> np.ndarray:
+    """What result frame should show for one stored input frame: upright by numpy (rot90 is counter-clockwise,
+    as the display matrix is), the model's view, the class token's mean row recomputed from the blocks."""
+    upright = Image.fromarray(np.ascontiguousarray(np.rot90(stored, k=rotation // 90)))
+    view = model.view(upright)
+    ref = reference_weights(model.network, model.to_input(view))[layer]  # (H, N, N) float64
+    h, w = model.grid
+    cls = ref.mean(0)[0, model.num_prefix_tokens:].reshape(h, w)
+    picture = render.overlay(view, cls.astype(np.float32))
+    side = model.size * scale
+    return np.asarray(picture.resize((side, side), Image.Resampling.NEAREST)).astype(np.int16)
+
+
+def run(tiny, src, out, **settings):
+    drawn: list[np.ndarray] = []
+    result = video.render_video(src, out, tiny, video.VideoSettings(**settings),
+                                on_frame=lambda i, picture: drawn.append(np.asarray(picture).astype(np.int16)))
+    return result, drawn
+
+
+def test_frame_i_is_the_overlay_of_a_capture_of_input_frame_i(tiny, tmp_path):
+    src = write_clip(tmp_path / "shapes.mp4", 20, fps=30)
+    result, drawn = run(tiny, src, tmp_path / "out.mp4")
+    stored = read_frames(src)
+    assert result.frames_in == 20 and result.frames_out == 20 and result.every == 1
+    for i, frame in enumerate(drawn):
+        assert np.abs(frame - expected_overlay(tiny, stored[i])).max() <= LUT_STEP
+    with av.open(str(tmp_path / "out.mp4")) as c:
+        stream = c.streams.video[0]
+        assert stream.codec_context.name == "h264" and (stream.width, stream.height) == (64, 64)
+        assert stream.frames == 20 and float(stream.duration * stream.time_base) == pytest.approx(20 / 30, abs=1e-3)
+        decoded = [f.to_ndarray(format="rgb24").astype(np.int16) for f in c.decode(stream)]
+    assert len(decoded) == 20
+    for i, frame in enumerate(decoded):
+        errors = [np.abs(frame - other).mean() for other in drawn]
+        assert errors[i] <= CODEC_TOLERANCE and int(np.argmin(errors)) == i  # frame i, not a neighbour
+
+
+def test_a_60_fps_clip_is_sampled_every_2nd_frame_and_says_so(tiny, tmp_path):
+    src = write_clip(tmp_path / "fast.mp4", 30, fps=60)
+    result, drawn = run(tiny, src, tmp_path / "out.mp4")
+    assert (result.every, result.fps, result.frames_in, result.frames_out) == (2, 30.0, 30, 15)
+    stored = read_frames(src)
+    for j, frame in enumerate(drawn):
+        assert np.abs(frame - expected_overlay(tiny, stored[2 * j])).max() <= LUT_STEP
+    with av.open(str(tmp_path / "out.mp4")) as c:
+        stream = c.streams.video[0]
+        assert stream.frames == 15 and float(stream.average_rate) == 30
+        assert float(stream.duration * stream.time_base) == pytest.approx(0.5, abs=1e-3)  # as long as the source
+        assert "every 2nd frame of fast.mp4 (60 fps → 30 fps)" in c.metadata["comment"]
+
+
+def test_asked_fps_picks_every_nth(tiny, tmp_path):
+    src = write_clip(tmp_path / "c.mp4", 12, fps=30)
+    result, _ = run(tiny, src, tmp_path / "out.mp4", fps=10)
+    assert (result.every, result.frames_out) == (3, 4)
+
+
+@pytest.mark.parametrize("rotation", [90, 270, 180])
+def test_a_rotated_phone_mov_comes_out_upright(tiny, tmp_path, rotation):
+    src = write_clip(tmp_path / "phone.mov", 4, fps=30, width=96, height=64, rotation=rotation)
+    with av.open(str(src)) as c:
+        assert next(c.decode(video=0)).rotation % 360 == rotation  # the display matrix is really there (270 reads -90)
+    result, drawn = run(tiny, src, tmp_path / "out.mp4")
+    stored = read_frames(src)
+    for i, frame in enumerate(drawn):
+        assert np.abs(frame - expected_overlay(tiny, stored[i], rotation)).max() <= LUT_STEP
+        # and not what the stored (sideways) pixels would give
+        assert np.abs(frame - expected_overlay(tiny, stored[i], 0)).mean() > 5
+    with av.open(str(tmp_path / "out.mp4")) as c:
+        assert all(f.rotation == 0 for f in c.decode(video=0))  # the result's pixels are upright themselves
+
+
+def test_an_odd_sized_clip(tiny, tmp_path):
+    src = write_clip(tmp_path / "odd.mp4", 5, fps=25, width=161, height=97, codec="libx264rgb")
+    result, drawn = run(tiny, src, tmp_path / "out.mp4", scale=3)
+    assert result.source.width == 161 and result.source.height == 97 and len(drawn) == 5
+    stored = read_frames(src)
+    assert np.abs(drawn[2] - expected_overlay(tiny, stored[2], scale=3)).max() <= LUT_STEP
+    with av.open(str(tmp_path / "out.mp4")) as c:
+        assert (c.streams.video[0].width, c.streams.video[0].height) == (96, 96) and c.streams.video[0].frames == 5
+
+
+def test_real_model_on_a_rotated_mov(real_model, tmp_path):
+    src = write_clip(tmp_path / "phone.mov", 3, fps=30, width=240, height=160, rotation=270)
+    drawn = []
+    result = video.render_video(src, tmp_path / "out.mp4", real_model, video.VideoSettings(layer=11, scale=1),
+                                on_frame=lambda i, p: drawn.append(np.asarray(p).astype(np.int16)))
+    assert result.frames_out == 3 and drawn[0].shape == (196, 196, 3)
+    stored = read_frames(src)
+    assert np.abs(drawn[1] - expected_overlay(real_model, stored[1], 270, layer=11, scale=1)).max() <= LUT_STEP
+
+
+def leftovers(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_not_a_video_and_a_damaged_one_leave_nothing(tiny, tmp_path):
+    notes = tmp_path / "notes.mp4"
+    notes.write_text("these are my notes, not a video\n")
+    with pytest.raises(video.VideoError, match=r"^notes.mp4 is not a video attnviz can read .*; use an MP4"):
+        video.render_video(notes, tmp_path / "a.mp4", tiny)
+    good = write_clip(tmp_path / "good.mp4", 30, fps=30)
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # the index (moov) is at the end: lost
+    with pytest.raises(video.VideoError) as error:
+        video.render_video(cut, tmp_path / "b.mp4", tiny)
+    assert str(error.value).startswith("cut.mp4 ") and str(error.value).count(".") >= 1 and "\n" not in str(error.value)
+    assert leftovers(tmp_path) == ["cut.mp4", "good.mp4", "notes.mp4"]  # no result, no .part file
+
+
+def test_a_decoding_failure_midway_leaves_no_partial_output(tiny, tmp_path, monkeypatch):
+    src = write_clip(tmp_path / "clip.mp4", 20, fps=30)
+    real = video.decoded_frames
+
+    def breaks(source, name=None):
+        for i, picture in enumerate(real(source, name)):
+            if i == 12:
+                raise video.VideoError("clip.mp4 is damaged: a frame could not be decoded; nothing was written.")
+            yield picture
+
+    monkeypatch.setattr(video, "decoded_frames", breaks)
+    with pytest.raises(video.VideoError, match="damaged"):
+        video.render_video(src, tmp_path / "out.mp4", tiny, video.VideoSettings(batch=4))
+    assert leftovers(tmp_path) == ["clip.mp4"]
+
+
+@pytest.mark.parametrize("limits, message", [
+    (video.Limits(seconds=1.0), r"clip.mp4 is 2.0 s long; videos up to 1 s can be used"),
+    (video.Limits(pixels=160 * 120 - 1), r"clip.mp4 is 160 × 120 pixels; videos up to 0.0 megapixels"),
+    (video.Limits(bytes=100), r"clip.mp4 is 0 MB; videos up to 0 MB"),
+])
+def test_limits_are_checked_from_the_header_before_any_frame(tiny, tmp_path, monkeypatch, limits, message):
+    src = write_clip(tmp_path / "clip.mp4", 60, fps=30)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a frame was decoded")
+
+    monkeypatch.setattr(video, "decoded_frames", never)
+    with pytest.raises(video.VideoError, match=message):
+        video.render_video(src, tmp_path / "out.mp4", tiny, limits=limits)
+    assert leftovers(tmp_path) == ["clip.mp4"]
+
+
+@pytest.fixture
+def loaded(monkeypatch):
+    model = tiny_vit()
+    monkeypatch.setattr(attnviz, "load_model", lambda *args, **kwargs: model)
+    return model
+
+
+def test_cli_writes_the_mp4_and_says_what_it_did(loaded, tmp_path, capsys):
+    src = write_clip(tmp_path / "clip.mov", 12, fps=60)
+    out = tmp_path / "out.mp4"
+    assert cli.main(["video", str(src), "--out", str(out), "--layer", "2", "--head", "3", "--fps", "20", "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert "layer 2, head 3" in said and "every 3rd frame of clip.mov (60 fps → 20 fps)" in said
+    assert "4 frames of 12" in said
+    with av.open(str(out)) as c:
+        assert c.streams.video[0].frames == 4 and "layer 2, head 3" in c.metadata["comment"]
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--head", "0"], 2, "--head takes a number from 1"),
+    (["--layer", "9"], 2, "--layer 9: tiny has 2 layers."),
+    (["--fps", "0"], 2, "--fps must be above 0"),
+    (["--out", "x.avi"], 2, "--out must name an .mp4 file"),
+])
+def test_cli_bad_options_are_one_line(loaded, tmp_path, capsys, argv, code, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    src = write_clip(tmp_path / "clip.mp4", 3, fps=30)
+    assert cli.main(["video", str(src), "--out", "out.mp4", "--quiet", *argv]) == code
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert leftovers(tmp_path) == ["clip.mp4"]
+
+
+def test_cli_not_a_video_is_one_line_and_exit_1(loaded, tmp_path, capsys):
+    bad = tmp_path / "photo.mov"
+    bad.write_bytes(b"\x00" * 1000)
+    assert cli.main(["video", str(bad), "--out", str(tmp_path / "out.mp4"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: photo.mov is not a video") and err.count("\n") == 1
+    assert leftovers(tmp_path) == ["photo.mov"]
+
+
+def test_frame_at_is_the_upright_frame(tmp_path):
+    src = write_clip(tmp_path / "phone.mov", 5, fps=30, width=96, height=64, rotation=90)
+    stored = read_frames(src)
+    frame = np.asarray(video.frame_at(src, 3))
+    assert frame.shape == (96, 64, 3) and (frame == np.rot90(stored[3])).all()
+    with pytest.raises(video.VideoError, match="has only 5 frames, not 9"):
+        video.frame_at(src, 8)
+
+
+PEAK = r"""
+import sys
+from conftest import tiny_vit  # run from the tests folder
+from attnviz import video
+video.render_video(sys.argv[1], sys.argv[2], tiny_vit())
+print([int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] // 1024)
+"""
+
+
+@pytest.mark.slow  # ~2 min on the shared 2-core machine (two processes, 550 frames)
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak memory from /proc")
+def test_memory_is_flat_in_the_videos_length(tmp_path):
+    """Ten times the frames, the same peak: a whole-video array of the long clip alone would be 115 MB."""
+    import subprocess
+    import sys
+
+    peaks = []
+    for frames in (50, 500):
+        src = write_clip(tmp_path / f"c{frames}.mp4", frames, fps=30, width=320, height=240)
+        out = subprocess.run([sys.executable, "-c", PEAK, str(src), str(tmp_path / f"o{frames}.mp4")],
+                             capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
+        peaks.append(int(out.stdout.split()[-1]))  # MB
+    print(f"peak memory: {peaks[0]} MB for 50 frames, {peaks[1]} MB for 500 frames")
+    assert peaks[1] - peaks[0] < 25, peaks
+
+
+def test_every_refusal_reads_in_both_languages(tmp_path):
+    from attnviz import i18n
+
+    src = write_clip(tmp_path / "clip.mp4", 60, fps=30)
+    notes = tmp_path / "notes.mov"
+    notes.write_text("not a video")
+    errors = []
+    for source, limits in ((src, video.Limits(seconds=1.0)), (src, video.Limits(pixels=100)),
+                           (src, video.Limits(bytes=100)), (notes, video.Limits())):
+        with pytest.raises(video.VideoError) as caught:
+            video.probe(source, limits)
+        errors.append(caught.value)
+    assert [e.key for e in errors] == ["too_long", "too_many_pixels", "too_large", "not_video"]
+    for error in errors:
+        for lang in i18n.LANGUAGES:
+            sentence = i18n.text(lang, f"video.error_{error.key}", **error.values)
+            assert error.values["name"] in sentence and "{" not in sentence
+    assert i18n.text("zh-TW", "video.error_too_long", **errors[0].values) == \
+        "clip.mp4 長 2.0 秒；影片最長 1 秒，請先剪短。"

@@ -1,0 +1,102 @@
+"""The page's video source and vector downloads in a real Chromium against the real server: upload a clip,
+see it processed with a progress bar, play it, scrub, freeze a frame into the ordinary views, download
+the MP4; download the class-token map as SVG. In English and in 繁體中文; screenshots at three sizes."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+
+from conftest import ROOT
+from serve import chromium, require_chromium, streamlit_server
+from video_fixtures import write_clip
+
+SHOTS = ROOT / "screenshots"
+SIZES = {"desktop": ({"width": 1400, "height": 1000}, False), "projector": ({"width": 1280, "height": 720}, False),
+         "phone": ({"width": 390, "height": 844}, True)}
+
+
+@pytest.fixture(scope="module")
+def server():
+    require_chromium()
+    with streamlit_server() as (url, _proc):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    # 12 frames at 12 fps: 1 s of moving shapes, a phone's rotation in the display matrix
+    return write_clip(tmp_path_factory.mktemp("clip") / "phone.mov", 12, fps=12, width=320, height=240, rotation=90)
+
+
+def pick_source(page, label: str) -> None:
+    page.locator("[data-testid='stRadio']").filter(has_text=label).get_by_text(label, exact=True).click(timeout=180_000)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
+    words = {
+        "en": dict(source="Video", freeze="Freeze this frame", frame="Frame", download="Download the video (MP4, H.264)",
+                   note="every frame of phone.mov (12 fps → 12 fps)", frozen="Exploring phone-frame",
+                   svg="Download as SVG (vector)", title="Layer 12, mean of all heads: where the class token looks"),
+        "zh-TW": dict(source="影片", freeze="凍結這一格", frame="畫面", download="下載影片（MP4，H.264）",
+                      note="取自 phone.mov 的每一格（12 fps → 12 fps）", frozen="正在探索從影片凍結的 phone-frame",
+                      svg="下載 SVG（向量圖）", title="第 12 層，所有頭的平均：類別 token 看向哪裡"),
+    }[lang]
+    SHOTS.mkdir(exist_ok=True)
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page.goto(server)
+        if lang == "zh-TW":  # once the page has drawn (its first run loads the model), switch the language
+            page.locator("[data-testid='stRadio']").filter(has_text="Live camera").wait_for(timeout=180_000)
+            page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()
+            page.get_by_role("option", name="繁體中文").click()
+        pick_source(page, words["source"])
+        page.locator("input[type=file]").set_input_files(str(clip))
+        page.locator("[data-testid='stVideo']").wait_for(timeout=300_000)  # processed through the job queue
+        page.get_by_text(words["note"], exact=False).wait_for()
+        # it plays: the browser decodes our H.264 and the clock moves
+        playing = page.evaluate("""async () => {
+            const v = document.querySelector("[data-testid='stVideo']");
+            v.muted = true; await v.play(); await new Promise(r => setTimeout(r, 600));
+            return {time: v.currentTime, w: v.videoWidth, h: v.videoHeight, d: v.duration};
+        }""")
+        assert playing["time"] > 0 and playing["w"] == playing["h"] == 392
+        assert playing["d"] == pytest.approx(1.0, abs=0.1)
+        # scrub: the still under the scrubber becomes frame 7 of 12
+        slider = page.get_by_role("slider", name=words["frame"])
+        slider.focus()
+        for _ in range(6):
+            page.keyboard.press("ArrowRight")
+        page.get_by_text("7 / 12" if lang == "zh-TW" else "Frame 7 of 12", exact=False).wait_for(timeout=60_000)
+        with page.expect_download() as info:
+            page.get_by_text(words["download"]).click()
+        mp4 = tmp_path / "result.mp4"
+        info.value.save_as(mp4)
+        with av.open(str(mp4)) as c:
+            assert c.streams.video[0].frames == 12 and "phone.mov" in c.metadata["comment"]
+        if lang == "zh-TW":
+            page.screenshot(path=SHOTS / "video_zh-TW_desktop.png")
+        if lang == "en":
+            for name, (viewport, touch) in SIZES.items():
+                page.set_viewport_size(viewport)
+                page.wait_for_timeout(500)
+                page.screenshot(path=SHOTS / f"video_{name}.png", full_page=False)
+            page.set_viewport_size(SIZES["desktop"][0])
+        # freeze: the ordinary views now show input frame 7 (upright: 240 wide, 320 tall)
+        page.get_by_role("button", name=words["freeze"]).click()
+        page.get_by_text(words["frozen"], exact=False).wait_for(timeout=120_000)
+        page.get_by_text(words["title"]).wait_for(timeout=180_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        with page.expect_download() as info:
+            page.get_by_role("button", name=words["svg"]).click()
+        svg = tmp_path / "map.svg"
+        info.value.save_as(svg)
+        root = ET.parse(svg).getroot()
+        groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if (g.get("id") or "").startswith("heatmap-")]
+        assert len(groups) == 1 and len(list(groups[0].iter("{http://www.w3.org/2000/svg}path"))) == 14 * 14
+        page.screenshot(path=SHOTS / f"video_frozen_{lang}.png", full_page=True)
