@@ -271,9 +271,9 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
     with model.tap.recording(recorder):  # the hooks installed at wrap time write into this capture only
         output = adapter.forward(model.network, x)
     seconds = time.perf_counter() - start
+    adapter.finish(recorder)  # e.g. rotate q and k by RoPE, as the model did inside its attention
     if len(recorder.seen) != 3 * adapter.depth:
         raise RuntimeError("the forward pass did not reach every attention layer")
-    adapter.finish(recorder)  # e.g. rotate q and k by RoPE, as the model did inside its attention
     return Capture(
         query=recorder.query,
         key=recorder.key,

@@ -30,6 +30,7 @@ import torch
 
 from ..errors import ModelError
 from .base import Adapter
+from .refusals import has_attention_module, known_refusal
 from .registry import Family, attention_classes, register, registered
 from .tap import Recorder, Tap, residual
 
@@ -78,7 +79,13 @@ def refusal(network: torch.nn.Module) -> str:
     """Why no registered family reads ``network``, in one sentence."""
     net = type(network).__name__
     blocks = getattr(network, "blocks", None)
+    known = known_refusal(network)  # a timm family attnviz does not read: what it has instead
+    if known is not None:
+        return known
     if blocks is None or not len(blocks) or not hasattr(network, "patch_embed"):
+        if has_attention_module(network):
+            return (f"{net} has attention layers in an architecture attnviz does not know, so it refuses it "
+                    "rather than show attention weights that may be wrong.")
         return (f"{net} is not a Vision Transformer attnviz can read "
                 "(it has no patch embedding and transformer blocks).")
     if attention_classes(network) is None:
