@@ -129,20 +129,26 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
 def recorded_softmax(seen: list[torch.Tensor]):
     """Inside the block every softmax over the last axis (and every SDPA, done eagerly) is appended to ``seen``."""
     originals = torch.softmax, torch.Tensor.softmax, F.softmax, F.scaled_dot_product_attention
+    depth = [0]  # F.softmax calls Tensor.softmax: record the outermost call only
 
-    def keep(out: torch.Tensor, dim) -> torch.Tensor:
-        if dim in (-1, out.ndim - 1):
+    def keep(original, x, dim, args, kwargs) -> torch.Tensor:
+        depth[0] += 1
+        try:
+            out = original(x, dim, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0 and dim in (-1, out.ndim - 1):
             seen.append(out.detach())
         return out
 
     def softmax(x, dim=None, *args, **kwargs):
-        return keep(originals[0](x, dim, *args, **kwargs), dim)
+        return keep(originals[0], x, dim, args, kwargs)
 
     def tensor_softmax(x, dim=None, *args, **kwargs):
-        return keep(originals[1](x, dim, *args, **kwargs), dim)
+        return keep(originals[1], x, dim, args, kwargs)
 
     def functional_softmax(x, dim=None, *args, **kwargs):
-        return keep(originals[2](x, dim, *args, **kwargs), dim)
+        return keep(originals[2], x, dim, args, kwargs)
 
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
         logits = (q * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k.transpose(-2, -1)
