@@ -171,6 +171,13 @@ class StagedCapture:
     def summary_map(self, layer: int, head: Head) -> np.ndarray:
         return self.mean_received_map(layer, head)
 
+    def window_mask(self, layer: int, token: int) -> np.ndarray:
+        """(h, w) bool: the patches of the window token ``token`` attends within at ``layer`` (after the shift)."""
+        lay = self.layout(layer)
+        inside = np.zeros(lay.num_tokens, bool)
+        inside[lay.windows[lay.window_of(token)[0]].numpy()] = True
+        return inside.reshape(lay.grid)
+
     def __repr__(self) -> str:
         stages = ", ".join(f"{self.layouts[s[0]].grid[0]}×{self.layouts[s[0]].grid[1]}" for s in self.stages)
         return (f"StagedCapture({self.num_layers} layers in {len(self.stages)} stages at grids {stages}, "
