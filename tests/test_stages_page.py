@@ -83,3 +83,64 @@ def test_the_page_numbers_are_the_library_numbers(owner):
     layer = cap.layer_of(1, 1)
     m = cap.query_map(layer, "mean", 3 * 28 + 5)
     assert f"**{m[3, 5]:.4f}**" in line and f"**{np.max(m):.4f}**" in line
+
+
+SIZES = {"desktop": (1400, 1000, False), "projector": (1280, 720, False), "phone": (390, 844, True)}
+
+
+def pick(page, key: str, label: str) -> None:
+    """Open selectbox ``key`` and choose the option that starts with ``label``."""
+    for _ in range(3):  # a click during a re-run can be lost: open the list again
+        page.locator(f".st-key-{key} input").click()
+        option = page.get_by_role("option").filter(has_text=label).first
+        try:
+            option.wait_for(timeout=5_000)
+            break
+        except Exception:
+            page.keyboard.press("Escape")
+    option.click()
+
+
+@pytest.mark.browser
+def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
+    """Owner's folder → model box → Stage/Block → query click: the heading follows the clicked patch."""
+    from conftest import ROOT
+    from serve import chromium, require_chromium, streamlit_server
+
+    require_chromium()
+    shots = ROOT / "screenshots"
+    shots.mkdir(exist_ok=True)
+    with streamlit_server(env={serving.ENV_CHECKPOINTS: str(swin_folder)}) as (url, _), chromium() as browser:
+        for name, (width, height, touch) in SIZES.items():
+            page = browser.new_page(viewport={"width": width, "height": height}, has_touch=touch,
+                                    is_mobile=touch, device_scale_factor=1)
+            page.goto(url)
+            page.locator(".st-key-model_choice input").wait_for(timeout=180_000)
+            if touch:  # the phone starts with the sidebar closed
+                page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
+            pick(page, "model_choice", "Checkpoint: swin_tiny")
+            page.get_by_text("4 stages of windowed attention", exact=False).wait_for(timeout=180_000)
+            if touch and page.locator("[data-testid='stSidebarCollapseButton'] button").count():
+                page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()  # close it again
+                page.wait_for_timeout(500)
+            pick(page, "stage", "Stage 1 (56 × 56")
+            page.get_by_text("Stage 1, block 2, mean of all heads", exact=False).wait_for(timeout=60_000)
+            page.wait_for_timeout(800)
+            page.screenshot(path=str(shots / f"swin_summary_{name}.png"), full_page=False)
+            page.locator(".st-key-stage_show label").filter(has_text="One patch as the query").click()
+            page.get_by_text("what patch (row 29, column 29) attends to", exact=False).wait_for(timeout=60_000)
+            chart = page.locator("[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg").first
+            chart.wait_for(timeout=60_000)
+            page.wait_for_timeout(1500)  # Vega draws its marks after the element appears
+            chart.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            box = chart.bounding_box()
+            # a tap in the top-left cell area: row and column 1…3 of 56
+            page.mouse.click(box["x"] + box["width"] * 0.03, box["y"] + box["height"] * 0.03)
+            try:
+                page.get_by_text("what patch (row 2, column 2) attends to", exact=False).wait_for(timeout=60_000)
+            finally:
+                page.screenshot(path=str(shots / f"swin_query_{name}.png"), full_page=False)
+            page.wait_for_timeout(800)
+            page.screenshot(path=str(shots / f"swin_query_{name}.png"), full_page=False)
+            page.close()

@@ -42,14 +42,15 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
     st.info(t("stages.intro", model=model.public_name, stages=len(stages), grids=grids, windows=windows))
     stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
     stage = stage_col.selectbox(
-        t("stages.stage"), range(len(stages)), index=len(stages) - 1, key="stage",
+        t("stages.stage"), list(range(len(stages))), index=len(stages) - 1, key="stage",
         format_func=lambda s: t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0],
                                 w=cap.grid(stages[s][0])[1], patch=cap.layout(stages[s][0]).patch))
     blocks = stages[stage]
-    if st.session_state.get("stage_block", 0) >= len(blocks):
+    kept = st.session_state.get("stage_block", 0)
+    if not isinstance(kept, int) or not 0 <= kept < len(blocks):  # a block of a longer stage, or of another model
         st.session_state["stage_block"] = len(blocks) - 1
     block = block_col.selectbox(
-        t("stages.block"), range(len(blocks)), index=len(blocks) - 1, key="stage_block",
+        t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key="stage_block",
         format_func=lambda b: t("stages.block_option", n=b + 1,
                                 shifted=t("stages.shifted") if any(cap.layout(blocks[b]).shift) else ""))
     layer = blocks[block]
