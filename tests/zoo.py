@@ -85,6 +85,17 @@ class Result:
     peak: float = math.nan  # the largest reference weight
     layers: int = 0
     seconds: float = 0.0
+    worst64: float = math.nan  # when float32 eager is off by more than TOLERANCE: capture vs eager, both float64
+    truth: float = math.nan  # and then the float32 capture vs float64 eager: float32's own rounding
+
+    @property
+    def exact(self) -> bool:
+        """≤ 1e-5 against eager in float32; or, where float32 is not enough (the fused and eager paths of a
+        base-size model with peaked logits drift apart by more than that, layer after layer), capture and
+        eager agree to 1e-9 on the same weights in float64."""
+        if self.status != "exact":
+            return False
+        return self.worst <= TOLERANCE or self.worst64 <= 1e-9
 
 
 def members(module: str, count: int = 2) -> list[str]:
@@ -219,9 +230,21 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
     cap = capture_tensor(model, x)
     reference = as_layers(eager_softmaxes(network, x), cap)
     assert len(reference) == cap.num_layers, f"{name}: {len(reference)} eager softmaxes, {cap.num_layers} layers"
-    worst = max(float((cap.layer_weights(i).double() - ref.double()).abs().max()) for i, ref in enumerate(reference))
+    worst = max_difference(cap, reference)
+    worst64 = truth = math.nan
+    if worst > TOLERANCE:
+        # Large peaked logits: the float32 fused path (the capture's) and eager path drift apart layer by
+        # layer. The same weights in float64 say whether the capture's arithmetic is the model's.
+        network64, x64 = network.double(), x.double()
+        cap64 = capture_tensor(attnviz.wrap(network64, name, "random init", size), x64)
+        reference64 = as_layers(eager_softmaxes(network64, x64), cap64)
+        worst64, truth = max_difference(cap64, reference64), max_difference(cap, reference64)
     return Result(module, name, "exact", model.adapter.family, worst, max(float(r.max()) for r in reference),
-                  cap.num_layers, time.perf_counter() - start)
+                  cap.num_layers, time.perf_counter() - start, worst64, truth)
+
+
+def max_difference(cap, reference: list[torch.Tensor]) -> float:
+    return max(float((cap.layer_weights(i).double() - ref.double()).abs().max()) for i, ref in enumerate(reference))
 
 
 def one_sentence(text: str) -> bool:
@@ -234,7 +257,9 @@ def markdown(results: list[Result]) -> str:
     for r in results:
         family = FAMILIES[r.module][0]
         if r.status == "exact":
-            rows.append(f"| {family} | `{r.name}` | exact | {r.layers} | {r.worst:.1e} | {r.peak:.2f} | {r.detail} adapter |")
+            delta = f"{r.worst:.1e}" if math.isnan(r.worst64) else (
+                f"{r.worst:.1e} (fp64: {r.worst64:.0e}; fp32 capture vs fp64: {r.truth:.1e})")
+            rows.append(f"| {family} | `{r.name}` | exact | {r.layers} | {delta} | {r.peak:.2f} | {r.detail} adapter |")
         else:
             rows.append(f"| {family} | `{r.name}` | refused | | | | {r.detail} |")
     return "\n".join(rows)
@@ -245,6 +270,6 @@ if __name__ == "__main__":
     results = [walk_one(m, n) for m in modules for n in members(m)]
     print(markdown(results))
     token = [r for r in results if FAMILIES[r.module][1]]
-    exact = [r for r in token if r.status == "exact"]
+    exact = [r for r in token if r.exact]
     print(f"\n{len(exact)} of {len(token)} models with token attention exact "
           f"({100 * len(exact) / max(len(token), 1):.0f} %); {len(results) - len(exact)} refused of {len(results)} walked.")

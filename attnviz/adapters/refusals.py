@@ -29,6 +29,8 @@ class Missing:
 
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
+    TIMM + "swin_transformer_v2_cr": Missing("cosine shifted-window attention in timm's separate Swin V2 (cr) "
+                                             "implementation, which has no adapter yet"),
     TIMM + "cait": Missing("talking-heads attention (the heads are mixed before and after the softmax)"),
     TIMM + "pit": Missing("pooling layers that change the number of tokens between its stages"),
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
@@ -37,8 +39,8 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
     TIMM + "efficientformer": Missing("attention with a learned bias after its pooling stages"),
     TIMM + "efficientformer_v2": Missing("talking-heads attention with a learned bias after its convolutional stages"),
-    TIMM + "xcit": Missing("cross-covariance attention over channels, which has no token-to-token map, "
-                           "before its class-attention layers"),
+    TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
+                           "class-attention layers"),
     TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
                              "softmax)"),
     TIMM + "hiera": Missing("mask-unit attention inside pooled stages"),
