@@ -144,3 +144,24 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
             page.wait_for_timeout(800)
             page.screenshot(path=str(shots / f"swin_query_{name}.png"), full_page=False)
             page.close()
+
+
+def test_export_of_a_swin_says_in_one_line_that_it_cannot_write_stages_yet(swin_folder, tmp_path):
+    """Not written yet (issue #22): one line and exit code 2, no traceback, no file."""
+    import subprocess
+    import sys
+
+    from conftest import ASSETS, ROOT
+
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "attnviz", "export", str(ASSETS / "cat.jpg"), "--out", str(out), "--quiet",
+         "--model", ARCH, "--checkpoint", str(swin_folder / f"{ARCH}--random.safetensors"), "--device", "cpu"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: {ARCH} ({ARCH}--random.safetensors) has stages with a different token grid each, which attnviz "
+        "export cannot write yet; read it in Python with attnviz.capture, which gives a StagedCapture. "
+        "Nothing was exported."]
+    assert not out.exists() or not any(out.iterdir())
