@@ -13,7 +13,7 @@ B (or 16 σ(CPB)) and M depend only on the weights and the grid, so they are com
 with the module's own tables and buffers. For Swin the q and k are read at the output of the ``qkv``
 projection (the fused SDPA path uses the same q and k); Swin V2 projects with ``F.linear`` and no
 module, so a pre-hook reads the attention's windowed input and the q and k rows are projected after
-the pass, then q̂ · τ_h and k̂ are stored (with scale 1) so the logits are the cosine ones.
+the pass (two thirds of the model's own qkv projection again: its capture costs more than Swin's), then q̂ · τ_h and k̂ are stored (with scale 1) so the logits are the cosine ones.
 
 The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block), one grid per stage.
 """
@@ -46,10 +46,10 @@ def swin_blocks(network: torch.nn.Module) -> list[torch.nn.Module]:
     return [block for stage in network.layers for block in stage.blocks]
 
 
-def window_part(heads: int, part: int, qkv: torch.Tensor) -> torch.Tensor:
-    """(W, T, 3 · H · d_k) qkv output of the one image's windows → its q (part 0) or k (1): (H, W, T, d_k)."""
+def window_part(heads: int, part: int, qkv: torch.Tensor, parts: int = 3) -> torch.Tensor:
+    """(W, T, parts · H · d_k) q, k(, v) of the one image's windows → its q (part 0) or k (1): (H, W, T, d_k)."""
     w, t, _ = qkv.shape
-    return qkv.reshape(w, t, 3, heads, -1)[:, :, part].permute(2, 0, 1, 3)
+    return qkv.reshape(w, t, parts, heads, -1)[:, :, part].permute(2, 0, 1, 3)
 
 
 def windowed_input(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -91,22 +91,27 @@ class SwinAdapter(Adapter):
             x = recorder.extras.pop(layer, None)  # Swin V2: (W, T, C)
             if x is None:
                 continue
-            qkv = project(attn, x)  # (W, T, 3 · H · d_k), as the model computes it
-            q = F.normalize(window_part(attn.num_heads, 0, qkv), dim=-1)  # (H, W, T, d_k)
-            k = F.normalize(window_part(attn.num_heads, 1, qkv), dim=-1)
+            qk = project(attn, x)  # (W, T, 2 · H · d_k)
+            q = F.normalize(window_part(attn.num_heads, 0, qk, parts=2), dim=-1)  # (H, W, T, d_k)
+            k = F.normalize(window_part(attn.num_heads, 1, qk, parts=2), dim=-1)
             tau = torch.clamp(attn.logit_scale, max=math.log(1.0 / 0.01)).exp()  # (H, 1, 1)
             recorder.put_query(layer, q * tau[:, None])
             recorder.put_key(layer, k)
 
 
 def project(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Swin V2's qkv projection of ``x``, line for line as ``WindowAttention.forward`` does it."""
+    """Swin V2's q and k projection of ``x`` (its qkv's first two thirds: v is not needed), with the
+    same weights and biases as ``WindowAttention.forward``: (W, T, 2 · H · d_k)."""
+    rows = 2 * attn.qkv.weight.shape[0] // 3
+    weight = attn.qkv.weight[:rows]
     if attn.q_bias is None:
-        return attn.qkv(x)
-    bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+        bias = None if attn.qkv.bias is None else attn.qkv.bias[:rows]
+        return F.linear(x, weight, bias)
+    bias = torch.cat((attn.q_bias, attn.k_bias))
     if attn.qkv_bias_separate:
-        return attn.qkv(x) + bias
-    return F.linear(x, weight=attn.qkv.weight, bias=bias)
+        qk = F.linear(x, weight, None if attn.qkv.bias is None else attn.qkv.bias[:rows])
+        return qk + bias
+    return F.linear(x, weight, bias)
 
 
 def adapter(network: torch.nn.Module, size: int) -> Adapter:
