@@ -15,10 +15,14 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm ViT | :mod:`.timm_vit` | ``timm.layers.Attention`` (ViT, DeiT, DINO, DINOv2, registers) |
 | timm RoPE | :mod:`.timm_rope` | ``EvaAttention``, ``AttentionRope`` (EVA-02, DINOv3, PE, ``vit_*_rope*``) |
 | timm relative position | :mod:`.timm_relpos` | ``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) |
+| timm BEiT | :mod:`.timm_beit` | ``beit.Attention`` (BEiT, BEiT v2; per-layer and shared relative position bias) |
+| timm Swin | :mod:`.timm_swin` | Swin ``WindowAttention``, Swin V2's (cosine attention, continuous position bias): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
-Anything else (SAM's windowed attention, differential attention, an attention class we do not
-know) is refused with one sentence, never captured as a plausible but wrong number.
+The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
+their stem's stride grid. Anything else (SAM's windowed attention, differential attention, an
+attention class we do not know) is refused with one sentence, never captured as a plausible but wrong
+number; for timm's other families the sentence names what they have (:mod:`.refusals`).
 """
 from __future__ import annotations
 
