@@ -57,6 +57,10 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     assert not at.exception
     assert "row 29, column 29" in " ".join(h.value for h in at.subheader)  # the middle of the 56 × 56 grid
     assert "shifted by 3 × 3 tokens" in " ".join(c.value for c in at.caption)
+    at.radio(key="source").set_value("live").run()  # the live camera says so in one sentence
+    assert not at.exception
+    assert "The live camera does not draw models with stages yet" in " ".join(i.value for i in at.info)
+    at.radio(key="source").set_value("sample").run()
     at.selectbox(key="lang").set_value("zh-TW").run()
     assert not at.exception
     assert at.selectbox(key="stage").label == "階段" and at.selectbox(key="stage_block").label == "區塊"
@@ -165,3 +169,23 @@ def test_export_of_a_swin_says_in_one_line_that_it_cannot_write_stages_yet(swin_
         "export cannot write yet; read it in Python with attnviz.capture, which gives a StagedCapture. "
         "Nothing was exported."]
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_the_dataset_command_on_a_swin_says_in_one_line_that_it_cannot_yet(swin_folder, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ASSETS, ROOT
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "cat.jpg").write_bytes((ASSETS / "cat.jpg").read_bytes())
+    run = subprocess.run(
+        [sys.executable, "-m", "attnviz", "dataset", str(photos), "--out", str(tmp_path / "run"), "--quiet",
+         "--model", ARCH, "--checkpoint", str(swin_folder / f"{ARCH}--random.safetensors")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"error: {ARCH} ({ARCH}--random.safetensors) has stages with a different token grid each, which attnviz "
+        "dataset cannot summarise yet; read it in Python with attnviz.capture.")
