@@ -41,10 +41,12 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     assert not at.exception and not at.error, [e.value for e in at.error]
     stage = at.selectbox(key="stage")
     assert len(stage.options) == 4 and stage.value == 3
-    assert at.selectbox(key="stage_block").value == 1  # the last block of stage 4
+    assert at.selectbox(key="stage_block_3").value == 1  # the last block of stage 4
     assert [s.key for s in at.slider] == ["alpha"]  # no Layer slider: Stage and Block replace it
     stage.set_value(0).run()
-    at.selectbox(key="stage_block").set_value(1).run()  # stage 1, block 2: shifted windows
+    assert at.selectbox(key="stage_block_0").value == 1  # stage 1's own box, at its last block
+    assert at.selectbox(key="stage_block_0").format_func(1) == "Block 2 (shifted windows)"
+    at.selectbox(key="stage_block_0").set_value(1).run()  # stage 1, block 2: shifted windows
     assert not at.exception
     info = " ".join(i.value for i in at.info)
     assert "4 stages of windowed attention" in info and "56 × 56, 28 × 28, 14 × 14, 7 × 7" in info
@@ -63,7 +65,7 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     at.radio(key="source").set_value("sample").run()
     at.selectbox(key="lang").set_value("zh-TW").run()
     assert not at.exception
-    assert at.selectbox(key="stage").label == "階段" and at.selectbox(key="stage_block").label == "區塊"
+    assert at.selectbox(key="stage").label == "階段" and at.selectbox(key="stage_block_0").label == "區塊"
     assert "第 29 列、第 29 行" in " ".join(h.value for h in at.subheader)
     assert "平移了 3 × 3 個 token" in " ".join(c.value for c in at.caption)
 
@@ -75,7 +77,7 @@ def test_the_page_numbers_are_the_library_numbers(owner):
     at.run()
     at.selectbox(key="model_choice").set_value(CHOICE).run()
     at.selectbox(key="stage").set_value(1).run()
-    at.selectbox(key="stage_block").set_value(1).run()
+    at.selectbox(key="stage_block_1").set_value(1).run()
     at.session_state["stage_query"] = (3, 5)
     at.radio(key="stage_show").set_value("query").run()
     line = next(m.value for m in at.markdown if "attention to itself" in m.value)

@@ -46,11 +46,14 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
         format_func=lambda s: t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0],
                                 w=cap.grid(stages[s][0])[1], patch=cap.layout(stages[s][0]).patch))
     blocks = stages[stage]
-    kept = st.session_state.get("stage_block", 0)
-    if not isinstance(kept, int) or not 0 <= kept < len(blocks):  # a block of a longer stage, or of another model
-        st.session_state["stage_block"] = len(blocks) - 1
+    # one Block box per stage: each stage keeps its own choice, and its labels (which blocks are shifted)
+    # are never those of another stage's box
+    key = f"stage_block_{stage}"
+    kept = st.session_state.get(key, len(blocks) - 1)
+    if not isinstance(kept, int) or not 0 <= kept < len(blocks):  # kept from another model
+        st.session_state[key] = len(blocks) - 1
     block = block_col.selectbox(
-        t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key="stage_block",
+        t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key=key,
         format_func=lambda b: t("stages.block_option", n=b + 1,
                                 shifted=t("stages.shifted") if any(cap.layout(blocks[b]).shift) else ""))
     layer = blocks[block]
