@@ -19,7 +19,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,22 +30,17 @@ from .errors import ImageError, NoClassTokenError
 from .images import as_rgb
 from .models import FITS, Fit, Model
 from .preparation import Preparation, preparation
+from .softmax import HEAD_FUSIONS, Head, fuse_heads, patch_grid, softmax_scores, whole
+from .stages import StagedCapture, capture_staged
 
-Head = Union[int, Literal["mean", "max", "min"]]
-HEAD_FUSIONS = ("mean", "max", "min")
+_softmax_scores, _whole = softmax_scores, whole  # the names this module used before #22
+
 # A patch token is "high-norm" when its norm after a layer exceeds this multiple of that layer's median
 # patch-token norm. Darcet et al. 2024 (Fig. 3) find such tokens an order of magnitude above the rest
 # (a bimodal histogram); on the sample photos no patch of the offline ViT-S/14 reaches 2× the median
 # at 196 px (largest 1.91×, astronaut.jpg, layer 11). 3× sits clear of both.
 HIGH_NORM_RATIO = 3.0
 Summary = Literal["cls", "mean_received"]
-
-
-def _whole(value, what: str) -> int:
-    """``value`` as an int, or a TypeError naming ``what`` (True, 11.0 and "3" are not indices)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} must be a whole number (0-based), not {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,41 +189,6 @@ class Capture:
         return [layer for layer in range(self.num_layers) if self.high_norm(layer, ratio).any()]
 
 
-def _softmax_scores(
-    query: torch.Tensor, key: torch.Tensor, scale: float, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """softmax(q · kᵀ · scale + bias) over the last axis: (H, M, d_k), (H, N, d_k) → (H, M, N), in q's dtype.
-
-    The logits reach ~300 in this model, where float32 dot products are off by ~1e-5 and softmax
-    passes that error on. So the dot products are taken in float64 and the row maximum subtracted
-    there; the (now small) logits then go through softmax in the input's precision. Against a
-    float64 recomputation this is within ~2e-6, at about twice the cost of plain float32.
-    """
-    scores = (query.double() * scale) @ key.double().transpose(-2, -1)
-    if bias is not None:
-        scores = scores + bias.double()  # (H, M, N)
-    scores = scores - scores.amax(dim=-1, keepdim=True)
-    return scores.to(query.dtype).softmax(dim=-1)
-
-
-def fuse_heads(weights: torch.Tensor, head: Head) -> torch.Tensor:
-    """Pick head ``head`` from a (H, ...) tensor, or reduce over heads with mean / max / min."""
-    if isinstance(head, str) and head in HEAD_FUSIONS:
-        return {"mean": weights.mean, "max": weights.amax, "min": weights.amin}[head](0)
-    if not isinstance(head, (bool, np.bool_)) and isinstance(head, (int, np.integer)) and 0 <= head < weights.shape[0]:
-        return weights[int(head)]
-    raise ValueError(f"head must be 0…{weights.shape[0] - 1} or one of {HEAD_FUSIONS}, not {head!r}")
-
-
-def patch_grid(row: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int) -> np.ndarray:
-    """(N,) row over all tokens → (h, w) over the patch tokens, in raster order."""
-    h, w = grid
-    patches = row[num_prefix_tokens:]
-    if patches.shape[0] != h * w:
-        raise ValueError(f"{patches.shape[0]} patch tokens do not fill a {h} × {w} grid")
-    return patches.reshape(h, w)
-
-
 def _check_input(model: Model, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"capture_tensor() takes a (1, 3, S, S) torch tensor, not {type(x).__name__}")
@@ -257,10 +217,13 @@ def _check_input(model: Model, x) -> None:
 
 
 @torch.inference_mode()
-def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
-    """Run ``model`` once on the (1, 3, S, S) tensor ``x`` and keep every layer's queries and keys."""
+def capture_tensor(model: Model, x: torch.Tensor) -> Capture | StagedCapture:
+    """Run ``model`` once on the (1, 3, S, S) tensor ``x`` and keep every layer's queries and keys
+    (a :class:`~attnviz.stages.StagedCapture` for a model with stages and windows, such as Swin)."""
     _check_input(model, x)
     adapter = model.adapter
+    if adapter.layouts is not None:  # stages and windows (Swin): per-layer grids, attention inside windows
+        return dataclasses.replace(capture_staged(model, x), prepared=preparation(model, None))
     if model.runtime is not None:  # checked exact for this model when attnviz.fast() switched it on
         start = time.perf_counter()
         output, query, key, norms = model.runtime.forward(x)
@@ -278,9 +241,9 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
     with model.tap.recording(recorder):  # the hooks installed at wrap time write into this capture only
         output = adapter.forward(model.network, x)
     seconds = time.perf_counter() - start
+    adapter.finish(recorder)  # e.g. rotate q and k by RoPE, as the model did inside its attention
     if len(recorder.seen) != 3 * adapter.depth:
         raise RuntimeError("the forward pass did not reach every attention layer")
-    adapter.finish(recorder)  # e.g. rotate q and k by RoPE, as the model did inside its attention
     return Capture(
         query=recorder.query,
         key=recorder.key,
@@ -297,7 +260,7 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture:
     )
 
 
-def capture(model: Model, image: Image.Image, fit: Fit = "crop") -> Capture:
+def capture(model: Model, image: Image.Image, fit: Fit = "crop") -> Capture | StagedCapture:
     """Preprocess ``image`` as ``model`` expects and capture its attention (see :class:`Capture`).
 
     Any PIL image is first made the upright RGB picture the page and the CLI make of the same pixels

@@ -164,6 +164,7 @@ def export(args: argparse.Namespace) -> int:
         check_inputs_kept(planned, Path(args.out), args)  # x_overlay.png among the inputs stays as it is
         try:
             model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=device)
+            exporting.check_exportable(model)
         except ModelError as e:
             raise UsageError(f"{e} Nothing was exported.") from None
         out = output_folder(args.out)

@@ -57,7 +57,7 @@ from .capture import Capture, capture
 from .images import ImageError
 from .photos import read_photo
 from .masks import DEFAULT_MASS, mass_mask
-from .models import Fit, Model, load_model
+from .models import Fit, Model, ModelError, load_model
 from .stats import head_stats
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
@@ -107,7 +107,11 @@ class RunConfig:
     store: Store = "none"
 
     def load(self, device: str | None = "cpu") -> Model:
-        return load_model(self.model, self.size, checkpoint=self.checkpoint, device=device)
+        model = load_model(self.model, self.size, checkpoint=self.checkpoint, device=device)
+        if model.adapter.layouts is not None:  # issue #22: a run's tables assume one token grid throughout
+            raise ModelError(f"{model.public_name} has stages with a different token grid each, which attnviz "
+                             "dataset cannot summarise yet; read it in Python with attnviz.capture.")
+        return model
 
 
 # --- Which files -------------------------------------------------------------------------------

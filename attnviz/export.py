@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from . import atomic
-from .errors import ExportError
+from .errors import ExportError, ModelError
 from ._version import __version__
 from .capture import Capture
 
@@ -78,6 +78,15 @@ def versions() -> dict[str, str]:
 
     return {"attnviz": __version__, "timm": timm.__version__, "torch": torch.__version__,
             "numpy": np.__version__, "python": platform.python_version()}
+
+
+def check_exportable(model) -> None:
+    """One sentence when ``model``'s captures cannot be written as one (L, H, N, d_k) NPZ: a model with
+    stages (Swin) has a different token grid and head count per stage (issue #22: not written yet)."""
+    if model.adapter.layouts is not None:
+        raise ModelError(
+            f"{model.public_name} has stages with a different token grid each, which attnviz export cannot write "
+            "yet; read it in Python with attnviz.capture, which gives a StagedCapture.")
 
 
 def describe(
@@ -237,6 +246,9 @@ def save_capture(
         labels: the classifier's class names, stored as ``labels`` (C,) beside ``output``.
         extra: more arrays to store as they are (e.g. the CLI's ``rollout``).
     """
+    if getattr(cap, "stages", None):
+        raise ModelError("save_capture writes captures with one token grid throughout; this one has stages "
+                         "(a StagedCapture), which attnviz cannot write to a file yet.")
     meta = _export_meta(cap, format, dtype, about)
     path = Path(path)
     with atomic.replacing(path) as f:  # a failed or interrupted export leaves no half-written .npz

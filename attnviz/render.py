@@ -68,3 +68,25 @@ def outline(
     for row, col, colour in cells:
         draw.rectangle((col * cw, row * ch, (col + 1) * cw - 1, (row + 1) * ch - 1), outline=colour, width=width)
     return framed
+
+
+def outline_region(picture: Image.Image, mask: np.ndarray, colour: tuple, width: int | None = None) -> Image.Image:
+    """A copy of ``picture`` with a line along every edge between a cell of ``mask`` (h, w bool) and one
+    outside it (or the picture's border): a window outlined, in as many pieces as a shift cuts it into."""
+    framed = picture.copy()
+    draw = ImageDraw.Draw(framed)
+    h, w = mask.shape
+    ch, cw = picture.height / h, picture.width / w
+    width = width or max(2, round(min(ch, cw) / 4))
+    padded = np.pad(mask, 1)
+    for r, c in zip(*np.nonzero(mask)):
+        x0, y0, x1, y1 = c * cw, r * ch, (c + 1) * cw - 1, (r + 1) * ch - 1
+        if not padded[r, c + 1]:  # above
+            draw.line((x0, y0, x1, y0), fill=colour, width=width)
+        if not padded[r + 2, c + 1]:  # below
+            draw.line((x0, y1, x1, y1), fill=colour, width=width)
+        if not padded[r + 1, c]:  # left
+            draw.line((x0, y0, x0, y1), fill=colour, width=width)
+        if not padded[r + 1, c + 2]:  # right
+            draw.line((x1, y0, x1, y1), fill=colour, width=width)
+    return framed

@@ -257,6 +257,9 @@ _probe = st.components.v2.component("attnviz_camera_probe", js=PROBE_JS)
 def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] | None:
     """Draw the live camera; return the frozen frame (PNG bytes, name) once Freeze was pressed and the
     stream is stopped. While the stream runs, the page stops here (its views need a still photo)."""
+    if model.adapter.layouts is not None:  # issue #22: the stream draws one grid throughout
+        st.info(t("stages.no_live", model=model.public_name))
+        return None
     context = st.session_state.get(STREAM_KEY)
     streaming = context is not None and (context.state.playing or context.state.signalling)
     problem = _probe(key="live_probe", default={"problem": ""}, on_problem_change=lambda: None, height=0).problem

@@ -1,6 +1,7 @@
 """``python -m bench.families``: what capture costs for each attention family, against the floor.
 
-Each family's ViT-S-sized model (random init: the cost does not depend on the weights) at 224 px:
+Each family's ViT-S-sized model (random init: the cost does not depend on the weights) at 224 px
+(BEiT: base, the smallest it has; Swin V2: 256 px, where its windows divide every stage):
 timm's own fused forward (the floor) vs attnviz's capture (fused forward + q/k/norm hooks + the
 RoPE rotation or the shared bias). Medians over interleaved runs. Prints a Markdown table.
 """
@@ -23,7 +24,12 @@ MODELS = {
     "timm RoPE (DINOv3)": "vit_small_patch16_dinov3",
     "timm RoPE (vit_*_rope)": "vit_small_patch16_rope_224",
     "timm relative position": "vit_relpos_small_patch16_224",
+    "timm ViT, CNN stem (hybrid)": "vit_small_r26_s32_224",
+    "timm BEiT": "beit_base_patch16_224",  # BEiT has no ViT-S: base
+    "timm Swin": "swin_tiny_patch4_window7_224",
+    "timm Swin V2": "swinv2_tiny_window8_256",
 }
+SIZES = {"swinv2_tiny_window8_256": 256}  # Swin V2's 8-token windows do not divide the 28 × 28 stage at 224 px
 
 
 def main() -> None:
@@ -31,11 +37,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--only", nargs="*", help="only these families (e.g. 'timm Swin')")
     args = parser.parse_args()
-    print(f"| family | model | N | timm fused forward (floor) | attnviz capture |")
+    print("| family | model | N (first stage) | timm fused forward (floor) | attnviz capture |")
     print("|---|---|---|---|---|")
     for family, name in MODELS.items():
-        size = args.size - args.size % (14 if "patch14" in name else 16)
+        if args.only and family not in args.only:
+            continue
+        size = SIZES.get(name, args.size - args.size % (14 if "patch14" in name else 16))
         network = timm.create_model(name, pretrained=False, img_size=size)
         model = attnviz.wrap(network, name, "random init", size, device=args.device)
         x = torch.randn(1, 3, size, size, device=args.device)

@@ -331,19 +331,18 @@ def test_a_config_that_is_not_a_json_object_is_one_sentence(tmp_path):
 
 # --- Token layouts the adapters cannot match ------------------------------------------------------
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("vit_tiny_r_s16_p8_224", {"depth": 2}),
-    ("vit_small_r26_s32_224", {"depth": 2}),
-    ("vitamin_small_224", {"depth": 2}),
+@pytest.mark.parametrize("name, kwargs, grid", [
+    ("vit_tiny_r_s16_p8_224", {"depth": 2}, (7, 7)),
+    ("vit_small_r26_s32_224", {"depth": 2}, (7, 7)),
+    ("vitamin_small_224", {"depth": 2}, (14, 14)),
 ])
-def test_a_cnn_stem_before_the_blocks_is_refused_in_one_sentence(name, kwargs):
+def test_a_cnn_stem_before_the_blocks_is_read_on_its_stride_grid(name, kwargs, grid):
+    """They used to end in a tensor-size traceback, then in a refusal; token i is the stem's feature at
+    cell i of its stride grid (exactness against timm's eager softmax: tests/test_zoo.py)."""
     network = timm.create_model(name, pretrained=False, **kwargs)
-    with pytest.raises(ModelError) as e:
-        attnviz.wrap(network, name, "random init", 224)
-    assert one_sentence(e.value) == (
-        f"{type(network).__name__} makes its tokens with a convolutional stem "
-        f"({type(network.patch_embed.backbone).__name__}), so each token is not one square patch of the photo; "
-        "attnviz refuses it rather than lay attention on the wrong part of the picture.")
+    model = attnviz.wrap(network, name, "random init", 224)
+    assert model.grid == grid == tuple(network.patch_embed.grid_size)
+    assert model.patch == 224 // grid[0] and model.num_tokens == model.num_prefix_tokens + grid[0] * grid[1]
 
 
 # --- Devices --------------------------------------------------------------------------------------

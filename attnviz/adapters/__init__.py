@@ -15,10 +15,14 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm ViT | :mod:`.timm_vit` | ``timm.layers.Attention`` (ViT, DeiT, DINO, DINOv2, registers) |
 | timm RoPE | :mod:`.timm_rope` | ``EvaAttention``, ``AttentionRope`` (EVA-02, DINOv3, PE, ``vit_*_rope*``) |
 | timm relative position | :mod:`.timm_relpos` | ``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) |
+| timm BEiT | :mod:`.timm_beit` | ``beit.Attention`` (BEiT, BEiT v2; per-layer and shared relative position bias) |
+| timm Swin | :mod:`.timm_swin` | Swin ``WindowAttention``, Swin V2's (cosine attention, continuous position bias): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
-Anything else (SAM's windowed attention, differential attention, an attention class we do not
-know) is refused with one sentence, never captured as a plausible but wrong number.
+The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
+their stem's stride grid. Anything else (SAM's windowed attention, differential attention, an
+attention class we do not know) is refused with one sentence, never captured as a plausible but wrong
+number; for timm's other families the sentence names what they have (:mod:`.refusals`).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import torch
 
 from ..errors import ModelError
 from .base import Adapter
+from .refusals import has_attention_module, known_refusal
 from .registry import Family, attention_classes, register, registered
 from .tap import Recorder, Tap, residual
 
@@ -78,7 +83,13 @@ def refusal(network: torch.nn.Module) -> str:
     """Why no registered family reads ``network``, in one sentence."""
     net = type(network).__name__
     blocks = getattr(network, "blocks", None)
+    known = known_refusal(network)  # a timm family attnviz does not read: what it has instead
+    if known is not None:
+        return known
     if blocks is None or not len(blocks) or not hasattr(network, "patch_embed"):
+        if has_attention_module(network):
+            return (f"{net} has attention layers in an architecture attnviz does not know, so it refuses it "
+                    "rather than show attention weights that may be wrong.")
         return (f"{net} is not a Vision Transformer attnviz can read "
                 "(it has no patch embedding and transformer blocks).")
     if attention_classes(network) is None:

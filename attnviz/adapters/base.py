@@ -25,6 +25,10 @@ class Adapter:
     num_prefix_tokens: int
     has_class_token: bool
     bias: torch.Tensor | None = field(default=None, repr=False)  # (L, H, N, N) additive logit bias, the same for every image
+    # A staged, windowed model (Swin): per layer its grid, windows, heads and scale (attnviz.stages.LayerLayout),
+    # and its (W, H, T, T) logit bias (position bias + shifted-window mask); None for one token set throughout.
+    layouts: tuple | None = field(default=None, repr=False)
+    window_bias: tuple | None = field(default=None, repr=False)
 
     @property
     def depth(self) -> int:

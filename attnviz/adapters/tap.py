@@ -41,8 +41,9 @@ class Recorder:
         self.extras[layer] = value
 
     def put_tokens(self, layer: int, tokens: torch.Tensor) -> None:
-        """``tokens``: (N, D) residual stream after block ``layer``; keeps only each token's L2 norm."""
-        self.norms[layer].copy_(tokens.norm(dim=-1))
+        """``tokens``: (N, D) residual stream after block ``layer`` ((h, w, D) in a staged model); keeps only
+        each token's L2 norm, in raster order."""
+        self.norms[layer].copy_(tokens.norm(dim=-1).reshape(self.norms[layer].shape))
         self.seen.add(("x", layer))
 
 

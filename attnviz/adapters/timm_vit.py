@@ -21,18 +21,21 @@ from .tap import Recorder, Tap
 ATTENTION = (Attention,)
 
 
-def layout(network: torch.nn.Module, size: int) -> dict:
+def layout(network: torch.nn.Module, size: int, head_dim: int | None = None) -> dict:
     """The token layout and shapes every timm ViT family shares (timm's own attribute names)."""
     if type(network).__name__ == "NaFlexVit":  # variable-size patch sequences, masked attention
         raise ModelError(
             "NaFlexViT masks its attention over padded patches, which attnviz cannot reproduce exactly yet."
         )
     embed = network.patch_embed
-    if type(embed) is not PatchEmbed:
+    if type(embed) is HybridEmbed:
+        patch = hybrid_stride(network)
+    elif type(embed) is PatchEmbed:
+        patch = embed.patch_size[0] if isinstance(embed.patch_size, (tuple, list)) else int(embed.patch_size)
+        if isinstance(embed.patch_size, (tuple, list)) and embed.patch_size[0] != embed.patch_size[1]:
+            raise ModelError(f"{type(network).__name__} has non-square {embed.patch_size} patches, which attnviz cannot lay on a grid.")
+    else:
         raise ModelError(token_layout_refusal(network))
-    patch = embed.patch_size[0] if isinstance(embed.patch_size, (tuple, list)) else int(embed.patch_size)
-    if isinstance(embed.patch_size, (tuple, list)) and embed.patch_size[0] != embed.patch_size[1]:
-        raise ModelError(f"{type(network).__name__} has non-square {embed.patch_size} patches, which attnviz cannot lay on a grid.")
     built = tuple(embed.img_size) if getattr(embed, "img_size", None) is not None else None
     dynamic = bool(getattr(network, "dynamic_img_size", False))
     check_square_size(type(network).__name__, patch, size, built, dynamic)
@@ -41,7 +44,7 @@ def layout(network: torch.nn.Module, size: int) -> dict:
         attentions=tuple(block.attn for block in network.blocks),
         blocks=tuple(network.blocks),
         num_heads=first.num_heads,
-        head_dim=first.head_dim,
+        head_dim=first.head_dim if head_dim is None else head_dim,
         scale=float(first.scale),
         patch=patch,
         embed_dim=network.embed_dim,
@@ -50,13 +53,22 @@ def layout(network: torch.nn.Module, size: int) -> dict:
     )
 
 
+def hybrid_stride(network: torch.nn.Module) -> int:
+    """The hybrid ViTs (``vit_*_r*_s*``) and ViTamin put a CNN before plain ViT blocks (``HybridEmbed``):
+    token i is the CNN's feature at cell i of a grid of stride s = img_size / grid_size, so attention is
+    laid on that grid as on s-pixel patches (each token sees more of the photo than its cell; its place
+    on the grid is still exact)."""
+    embed = network.patch_embed
+    (ih, iw), (gh, gw) = tuple(embed.img_size), tuple(embed.grid_size)
+    if ih % gh or iw % gw or ih // gh != iw // gw:
+        raise ModelError(f"{type(network).__name__}'s convolutional stem maps {ih} × {iw} px to {gh} × {gw} tokens, "
+                         "which is not one square cell of the photo per token, so attnviz cannot lay them on a grid.")
+    return ih // gh
+
+
 def token_layout_refusal(network: torch.nn.Module) -> str:
     """Why attnviz cannot tell which part of the photo each token of ``network`` is, in one sentence."""
     net, embed = type(network).__name__, network.patch_embed
-    if isinstance(embed, HybridEmbed):  # the hybrid ViTs (vit_*_r*_s*), ViTamin: a CNN before the blocks
-        stem = type(getattr(embed, "backbone", None)).__name__
-        return (f"{net} makes its tokens with a convolutional stem ({stem}), so each token is not one square patch "
-                "of the photo; attnviz refuses it rather than lay attention on the wrong part of the picture.")
     return (f"{net} makes its tokens with {type(embed).__name__}, not timm's PatchEmbed, so attnviz cannot tell "
             "which part of the photo each token is and refuses it rather than guess.")
 

@@ -40,6 +40,13 @@ checked, cap, cap_key = ui.capture_or_stop(model, settings, place=photo_place, m
 if not present:  # the controls under the photo input and its notes, the view under them
     panel, result = st.container(), st.container()
 
+if getattr(cap, "stages", None):  # stages and windows (Swin): Stage and Block, the grid of each stage
+    from attnviz_app.views import stages
+
+    with result:
+        stages.show(model, cap, model.view(checked.image, settings.fit), alpha, cmap, smooth, classroom.narrow())
+    st.stop()
+
 heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]
 if st.session_state.get("layer", 0) > cap.num_layers or st.session_state.get("head", "mean") not in heads:
     # a kept choice from a bigger model: start this one at its last layer, mean of heads

@@ -1,0 +1,98 @@
+"""What the vision transformers attnviz does not read have instead, in one true sentence each.
+
+A network no registered family claims is refused (:func:`attnviz.adapters.refusal`). When its
+architecture is one of timm's families below, the sentence names what that family has — attention
+attnviz cannot reproduce exactly yet, or no softmax between tokens at all — rather than call a
+vision transformer "not a Vision Transformer". Keys are the module that defines the network's
+class (``type(network).__module__``); a family whose members differ (FastViT, MetaFormer, MobileViT)
+gives one phrase for members with attention and one for those without.
+
+A family that gains an adapter leaves this table: its adapter claims the network first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Missing:
+    """What a family has: ``attention`` when it has softmax attention attnviz cannot reproduce exactly yet,
+    ``without`` (for members with no attention module) or ``mixing`` (the whole family) when it has no
+    softmax between tokens."""
+
+    attention: str | None = None  # e.g. "talking-heads attention …"
+    mixing: str | None = None  # e.g. "convolutions": no attention between patches at all
+    without: str | None = None  # for members without an attention module, when some members have one
+
+
+TIMM = "timm.models."
+FAMILIES: dict[str, Missing] = {
+    TIMM + "swin_transformer_v2_cr": Missing("cosine shifted-window attention in timm's separate Swin V2 (cr) "
+                                             "implementation, which has no adapter yet"),
+    TIMM + "cait": Missing("talking-heads attention (the heads are mixed before and after the softmax)"),
+    TIMM + "pit": Missing("pooling layers that change the number of tokens between its stages"),
+    TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
+    TIMM + "levit": Missing("attention with a learned bias in stages that shrink the token grid"),
+    TIMM + "tiny_vit": Missing("windowed attention with a learned bias between convolutional stages"),
+    TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
+    TIMM + "efficientformer": Missing("attention with a learned bias after its pooling stages"),
+    TIMM + "efficientformer_v2": Missing("talking-heads attention with a learned bias after its convolutional stages"),
+    TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
+                           "class-attention layers"),
+    TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
+                             "softmax)"),
+    TIMM + "hiera": Missing("mask-unit attention inside pooled stages"),
+    TIMM + "hieradet_sam2": Missing("multi-scale attention with pooled queries inside windows"),
+    TIMM + "tnt": Missing("attention among the pixels inside each patch as well as between patches"),
+    TIMM + "volo": Missing("outlook attention (a local, convolution-like weighting) before its class-attention "
+                           "layers"),
+    TIMM + "davit": Missing("window attention alternating with attention between channels"),
+    TIMM + "coat": Missing("factorized attention (a softmax over keys applied to channels) with convolutional "
+                           "position encodings"),
+    TIMM + "gcvit": Missing("window attention with global queries made by a convolutional path"),
+    TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
+    TIMM + "nextvit": Missing("attention over spatially reduced keys between convolution blocks"),
+    TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
+    TIMM + "nest": Missing("attention inside non-overlapping blocks of patches that are merged between levels"),
+    TIMM + "pvt_v2": Missing("spatial-reduction attention (keys from a downsampled grid)"),
+    TIMM + "efficientvit_msra": Missing("cascaded group attention over head-wise splits of the channels"),
+    TIMM + "visformer": Missing("attention stages at two resolutions after convolutional stages"),
+    TIMM + "shvit": Missing("single-head attention on a fraction of the channels after convolutional stages"),
+    TIMM + "fastvit": Missing("attention in its last stage only, after RepMixer convolution stages",
+                              without="RepMixer convolutions"),
+    TIMM + "metaformer": Missing("attention stages after convolutional ones", without="pooling or convolutions"),
+    TIMM + "byobnet": Missing("transformer blocks over unfolded pixels inside convolution stages (MobileViT)",
+                              without="convolutions"),
+    TIMM + "efficientvit_mit": Missing(mixing="ReLU linear attention, which has no softmax between tokens"),
+    TIMM + "swiftformer": Missing(mixing="additive attention, which has no softmax between tokens"),
+    TIMM + "convnext": Missing(mixing="convolutions"),
+    TIMM + "focalnet": Missing(mixing="focal modulation"),
+    TIMM + "mambaout": Missing(mixing="gated convolutions"),
+    TIMM + "mlp_mixer": Missing(mixing="MLPs across tokens"),
+    TIMM + "sequencer": Missing(mixing="LSTMs across rows and columns"),
+    TIMM + "edgenext": Missing(mixing="transposed attention across channels and convolutions"),
+}
+
+
+def has_attention_module(network: torch.nn.Module) -> bool:
+    """Whether any submodule is an attention layer by its class name (``…Attention``, ``…Attn``)."""
+    return any("attention" in type(m).__name__.lower() or type(m).__name__.endswith("Attn")
+               for m in network.modules())
+
+
+def known_refusal(network: torch.nn.Module) -> str | None:
+    """The sentence for a network of a family in :data:`FAMILIES`, or None."""
+    net = type(network).__name__
+    missing = FAMILIES.get(type(network).__module__)
+    if missing is None:
+        return None
+    mixing = missing.mixing
+    if mixing is None and missing.without is not None and not has_attention_module(network):
+        mixing = missing.without
+    if mixing is not None:
+        return (f"{net} has no attention between patches (it mixes them with {mixing}), "
+                "so there are no attention weights to show.")
+    return (f"{net} has {missing.attention}, which attnviz cannot reproduce exactly yet, so it refuses it "
+            "rather than show attention weights that may be wrong.")

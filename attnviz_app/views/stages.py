@@ -1,0 +1,96 @@
+"""A model with stages and windows (Swin): Stage and Block instead of Layer, the grid of that stage,
+each window outlined; the summary map (mean attention received within windows) or one patch's row.
+
+Not one of the selector's views: the explore page draws this instead of them when the capture has
+stages (:class:`attnviz.stages.StagedCapture`), and says in one sentence why the others are not drawn.
+"""
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from attnviz import render
+from attnviz.capture import HEAD_FUSIONS
+
+from ..text import t
+from .common import clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch, selected_points
+
+CHART_KEY = "stage_query_chart"
+WINDOW_COLOUR = (255, 255, 255)
+
+
+def window_lines(picture, cap, layer: int, token: int | None = None):
+    """``picture`` with every window of ``layer`` outlined, or only the one ``token`` attends within."""
+    lay = cap.layout(layer)
+    tokens = [token] if token is not None else [int(w[0]) for w in lay.windows]
+    for tok in tokens:
+        picture = render.outline_region(picture, cap.window_mask(layer, tok), WINDOW_COLOUR,
+                                        max(1, round(picture.width / lay.grid[1] / 6)) if token is None else None)
+    return picture
+
+
+def _clicked() -> None:
+    points = selected_points(st.session_state.get(CHART_KEY), "patch")
+    if points:
+        st.session_state["stage_query"] = (int(points[0]["row"]), int(points[0]["col"]))
+
+
+def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool = False) -> None:
+    stages = cap.stages
+    grids = ", ".join(f"{cap.grid(s[0])[0]} × {cap.grid(s[0])[1]}" for s in stages)
+    windows = ", ".join(sorted({f"{cap.layout(s[0]).window[0]} × {cap.layout(s[0]).window[1]}" for s in stages}))
+    st.info(t("stages.intro", model=model.public_name, stages=len(stages), grids=grids, windows=windows))
+    stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
+    stage = stage_col.selectbox(
+        t("stages.stage"), list(range(len(stages))), index=len(stages) - 1, key="stage",
+        format_func=lambda s: t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0],
+                                w=cap.grid(stages[s][0])[1], patch=cap.layout(stages[s][0]).patch))
+    blocks = stages[stage]
+    # one Block box per stage: each stage keeps its own choice, and its labels (which blocks are shifted)
+    # are never those of another stage's box
+    key = f"stage_block_{stage}"
+    kept = st.session_state.get(key, len(blocks) - 1)
+    if not isinstance(kept, int) or not 0 <= kept < len(blocks):  # kept from another model
+        st.session_state[key] = len(blocks) - 1
+    block = block_col.selectbox(
+        t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key=key,
+        format_func=lambda b: t("stages.block_option", n=b + 1,
+                                shifted=t("stages.shifted") if any(cap.layout(blocks[b]).shift) else ""))
+    layer = blocks[block]
+    lay = cap.layout(layer)
+    heads = [*HEAD_FUSIONS, *range(1, lay.num_heads + 1)]
+    if st.session_state.get("stage_head", "mean") not in heads:
+        st.session_state["stage_head"] = "mean"
+    picked = head_col.selectbox(
+        t("view.head"), heads, key="stage_head",
+        format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h))
+    head = picked if isinstance(picked, str) else picked - 1
+    what = what_col.radio(t("stages.show"), ["summary", "query"], key="stage_show", horizontal=True,
+                          format_func=lambda w: t(f"stages.{w}"))
+    h, w = lay.grid
+    names = dict(stage=stage + 1, block=block + 1, head=head_label(head))
+    if what == "summary":
+        grid_map = cap.summary_map(layer, head)
+        picture = window_lines(enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth)), cap, layer)
+        st.subheader(t("stages.summary_title", **names))
+        st.image(picture, width=min(picture.width, 358 if narrow else 560))
+        st.caption(t("stages.summary_caption", t=lay.windows.shape[1], wh=lay.window[0], ww=lay.window[1]))
+        colour_scale(grid_map, cmap, min(picture.width, 358 if narrow else 560),
+                     t("stages.units_summary", uniform=1 / lay.windows.shape[1]))
+        download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_received.png", key="download_stage")
+    else:
+        row, col = st.session_state.get("stage_query", (h // 2, w // 2))
+        row, col = min(row, h - 1), min(col, w - 1)
+        token = row * w + col
+        grid_map = cap.query_map(layer, head, token)
+        picture = enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth))
+        picture = mark_patch(window_lines(picture, cap, layer, token), lay.grid, (row, col))
+        st.subheader(t("stages.query_title", row=row + 1, col=col + 1, **names))
+        clickable_picture(picture, lay.grid, key=CHART_KEY, on_select=_clicked, narrow=narrow)
+        shifted = t("stages.query_shifted", sh=lay.shift[0], sw=lay.shift[1]) if any(lay.shift) else ""
+        st.caption(t("stages.query_caption", shifted=shifted))
+        colour_scale(grid_map, cmap, min(picture.width, 358 if narrow else 560), t("stages.units_query", t=lay.windows.shape[1]))
+        st.markdown(t("stages.self_weight", weight=float(grid_map[row, col]), top=float(np.max(grid_map))))
+        download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
+                     key="download_stage_query")
+    st.caption(t("stages.not_drawn"))

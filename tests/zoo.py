@@ -1,0 +1,275 @@
+"""The zoo walk (issue #22): the smallest two members of each timm vision-transformer family, random
+weights, read as a new user would (``attnviz.wrap`` + ``capture_tensor``) and checked against the
+family's own eager softmax.
+
+The reference is independent of attnviz: a private copy of the network with every ``fused_attn``
+turned off runs while ``softmax`` (``torch.softmax``, ``Tensor.softmax``, ``F.softmax``) is recorded,
+and any ``F.scaled_dot_product_attention`` a family calls unconditionally is replaced by its eager
+formula, softmax(q · kᵀ · scale + mask), recorded too. Each recorded softmax over tokens is one
+layer's weights as timm computed them; attnviz's capture ran on the unchanged network's fused path.
+
+``python -m tests.zoo`` prints the walk's table as Markdown (docs/models.md is made from it).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import timm
+import torch
+import torch.nn.functional as F
+
+import attnviz
+from attnviz import ModelError
+from attnviz.capture import capture_tensor
+
+# timm module → (family, whether it has softmax attention between tokens)
+FAMILIES: dict[str, tuple[str, bool]] = {
+    "deit": ("DeiT", True),
+    "vision_transformer_hybrid": ("hybrid ViT (CNN stem)", True),
+    "vitamin": ("ViTamin", True),
+    "beit": ("BEiT / BEiT v2", True),
+    "swin_transformer": ("Swin", True),
+    "swin_transformer_v2": ("Swin V2", True),
+    "swin_transformer_v2_cr": ("Swin V2 (cr)", True),
+    "cait": ("CaiT", True),
+    "pit": ("PiT", True),
+    "mvitv2": ("MViTv2", True),
+    "levit": ("LeViT", True),
+    "tiny_vit": ("TinyViT", True),
+    "twins": ("Twins", True),
+    "efficientformer": ("EfficientFormer", True),
+    "efficientformer_v2": ("EfficientFormer V2", True),
+    "xcit": ("XCiT", True),
+    "convit": ("ConViT", True),
+    "hiera": ("Hiera", True),
+    "hieradet_sam2": ("SAM2 Hiera", True),
+    "vision_transformer_sam": ("SAM ViT", True),
+    "tnt": ("TNT", True),
+    "volo": ("VOLO", True),
+    "davit": ("DaViT", True),
+    "coat": ("CoaT", True),
+    "gcvit": ("GC ViT", True),
+    "maxxvit": ("MaxViT / CoAtNet", True),
+    "fastvit": ("FastViT", True),
+    "nextvit": ("Next-ViT", True),
+    "crossvit": ("CrossViT", True),
+    "nest": ("NesT", True),
+    "pvt_v2": ("PVT v2", True),
+    "efficientvit_msra": ("EfficientViT (MSRA)", True),
+    "visformer": ("Visformer", True),
+    "shvit": ("SHViT", True),
+    "efficientvit_mit": ("EfficientViT (MIT)", False),
+    "swiftformer": ("SwiftFormer", False),
+    "convnext": ("ConvNeXt", False),
+    "focalnet": ("FocalNet", False),
+    "mambaout": ("MambaOut", False),
+    "metaformer": ("MetaFormer (PoolFormer, ConvFormer, CAFormer)", False),
+}
+PEAK = 6.0  # q and k projection weights × this, so random attention is peaked as a trained model's
+TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Result:
+    module: str
+    name: str
+    status: str  # "exact" or "refused"
+    detail: str  # the refusal sentence, or the adapter's family
+    worst: float = math.nan  # max |Δ| over every layer, head and weight
+    peak: float = math.nan  # the largest reference weight
+    layers: int = 0
+    seconds: float = 0.0
+    worst64: float = math.nan  # when float32 eager is off by more than TOLERANCE: capture vs eager, both float64
+    truth: float = math.nan  # and then the float32 capture vs float64 eager: float32's own rounding
+
+    @property
+    def exact(self) -> bool:
+        """≤ 1e-5 against eager in float32; or, where float32 is not enough (the fused and eager paths of a
+        base-size model with peaked logits drift apart by more than that, layer after layer), capture and
+        eager agree to 1e-9 on the same weights in float64."""
+        if self.status != "exact":
+            return False
+        return self.worst <= TOLERANCE or self.worst64 <= 1e-9
+
+
+def members(module: str, count: int = 2) -> list[str]:
+    """The ``count`` smallest models (by parameters, counted on the meta device) timm registers in ``module``."""
+    sizes = []
+    for name in timm.list_models(module=module):
+        if name.startswith("test_"):  # timm's own CI stand-ins, not models people use
+            continue
+        with torch.device("meta"):
+            network = timm.create_model(name, pretrained=False)
+        sizes.append((sum(p.numel() for p in network.parameters()), name))
+    return [name for _, name in sorted(sizes)[:count]]
+
+
+QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj"}
+
+
+@torch.no_grad()
+def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
+    """Scale every query and key projection (``qkv``'s q and k rows, ``q``/``k``, ``kv``'s k rows) by ``factor``."""
+    for name, module in network.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        weight = getattr(module, "weight", None)
+        if leaf in {"qkv", "kv", *QK_NAMES} and weight is None:
+            inner = [m for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+            weight = inner[0].weight if inner else None
+        if weight is None or not isinstance(weight, torch.nn.Parameter):
+            continue
+        if leaf == "qkv":
+            weight[: 2 * weight.shape[0] // 3] *= factor
+        elif leaf == "kv":
+            weight[: weight.shape[0] // 2] *= factor
+        elif leaf in QK_NAMES:
+            weight *= factor
+    for module in network.modules():  # LayerScale at ~1e-5 would leave later layers' inputs near the first's
+        gamma = getattr(module, "gamma", None)
+        if isinstance(gamma, torch.nn.Parameter) and gamma.ndim == 1:
+            gamma.fill_(1.0)
+
+
+@contextmanager
+def recorded_softmax(seen: list[torch.Tensor]):
+    """Inside the block every softmax over the last axis (and every SDPA, done eagerly) is appended to ``seen``."""
+    originals = torch.softmax, torch.Tensor.softmax, F.softmax, F.scaled_dot_product_attention
+    depth = [0]  # F.softmax calls Tensor.softmax: record the outermost call only
+
+    def keep(original, x, dim, args, kwargs) -> torch.Tensor:
+        depth[0] += 1
+        try:
+            out = original(x, dim, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0 and dim in (-1, out.ndim - 1):
+            seen.append(out.detach())
+        return out
+
+    def softmax(x, dim=None, *args, **kwargs):
+        return keep(originals[0], x, dim, args, kwargs)
+
+    def tensor_softmax(x, dim=None, *args, **kwargs):
+        return keep(originals[1], x, dim, args, kwargs)
+
+    def functional_softmax(x, dim=None, *args, **kwargs):
+        return keep(originals[2], x, dim, args, kwargs)
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+        logits = (q * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k.transpose(-2, -1)
+        if attn_mask is not None:
+            logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
+        return tensor_softmax(logits, -1) @ v
+
+    torch.softmax, torch.Tensor.softmax, F.softmax, F.scaled_dot_product_attention = (
+        softmax, tensor_softmax, functional_softmax, sdpa)
+    try:
+        yield
+    finally:
+        torch.softmax, torch.Tensor.softmax, F.softmax, F.scaled_dot_product_attention = originals
+
+
+def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Every softmax a private eager copy of ``network`` computes on ``x``, in order."""
+    twin = copy.deepcopy(network)
+    for module in twin.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    seen: list[torch.Tensor] = []
+    with torch.no_grad(), recorded_softmax(seen):
+        twin(x)
+    return seen
+
+
+def as_layers(reference: list[torch.Tensor], cap) -> list[torch.Tensor]:
+    """The reference softmaxes in the capture's layout: per layer (H, Nq, Nk) over the whole image.
+
+    A windowed layer's reference is (windows, H, T, T); the capture says which token each window row
+    is (``cap.layout(layer).windows``), so the block-diagonal whole-image matrix is put together here
+    from that partition, independently of how the capture computes its rows."""
+    out = []
+    for layer, ref in enumerate(reference):
+        layout = cap.layout(layer) if hasattr(cap, "layout") else None
+        windows = None if layout is None else layout.windows
+        if windows is None:
+            out.append(ref[0] if ref.shape[0] == 1 else ref)
+            continue
+        w, t = windows.shape  # (W, T) token indices
+        h = ref.shape[1]
+        n = layout.num_tokens
+        full = torch.zeros(h, n, n, dtype=ref.dtype)
+        for i in range(w):
+            idx = windows[i]
+            full[:, idx[:, None], idx[None, :]] = ref[i]
+        out.append(full)
+    return out
+
+
+def input_size(network: torch.nn.Module) -> int:
+    return int(network.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
+
+
+def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int | None = None) -> Result:
+    """Build ``name`` small and random, peak its attention, and read it: exact (with max |Δ|) or refused."""
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    network = timm.create_model(name, pretrained=False, **(build_kwargs or {})).eval()
+    peak(network)
+    size = size or input_size(network)
+    try:
+        model = attnviz.wrap(network, name, "random init", size)
+    except ModelError as error:
+        return Result(module, name, "refused", str(error), seconds=time.perf_counter() - start)
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(model, x)
+    reference = as_layers(eager_softmaxes(network, x), cap)
+    assert len(reference) == cap.num_layers, f"{name}: {len(reference)} eager softmaxes, {cap.num_layers} layers"
+    worst = max_difference(cap, reference)
+    worst64 = truth = math.nan
+    if worst > TOLERANCE:
+        # Large peaked logits: the float32 fused path (the capture's) and eager path drift apart layer by
+        # layer. The same weights in float64 say whether the capture's arithmetic is the model's.
+        network64, x64 = network.double(), x.double()
+        cap64 = capture_tensor(attnviz.wrap(network64, name, "random init", size), x64)
+        reference64 = as_layers(eager_softmaxes(network64, x64), cap64)
+        worst64, truth = max_difference(cap64, reference64), max_difference(cap, reference64)
+    return Result(module, name, "exact", model.adapter.family, worst, max(float(r.max()) for r in reference),
+                  cap.num_layers, time.perf_counter() - start, worst64, truth)
+
+
+def max_difference(cap, reference: list[torch.Tensor]) -> float:
+    return max(float((cap.layer_weights(i).double() - ref.double()).abs().max()) for i, ref in enumerate(reference))
+
+
+def one_sentence(text: str) -> bool:
+    return "\n" not in text and "Traceback" not in text and text.endswith(".") and not re.search(r"\. [A-Z]", text)
+
+
+def markdown(results: list[Result]) -> str:
+    rows = ["| family | model | status | layers | max \\|Δ\\| | largest weight | what attnviz says |",
+            "|---|---|---|---|---|---|---|"]
+    for r in results:
+        family = FAMILIES[r.module][0]
+        if r.status == "exact":
+            delta = f"{r.worst:.1e}" if math.isnan(r.worst64) else (
+                f"{r.worst:.1e} (fp64: {r.worst64:.0e}; fp32 capture vs fp64: {r.truth:.1e})")
+            rows.append(f"| {family} | `{r.name}` | exact | {r.layers} | {delta} | {r.peak:.2f} | {r.detail} adapter |")
+        else:
+            rows.append(f"| {family} | `{r.name}` | refused | | | | {r.detail} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    modules = sys.argv[1:] or list(FAMILIES)
+    results = [walk_one(m, n) for m in modules for n in members(m)]
+    print(markdown(results))
+    token = [r for r in results if FAMILIES[r.module][1]]
+    exact = [r for r in token if r.exact]
+    print(f"\n{len(exact)} of {len(token)} models with token attention exact "
+          f"({100 * len(exact) / max(len(token), 1):.0f} %); {len(results) - len(exact)} refused of {len(results)} walked.")
