@@ -35,8 +35,13 @@ def shot(page, name: str) -> None:
 
 def pick(page, box: str, option: str) -> None:
     selector = f".st-key-{box} input"
+    settle(page)  # a script run still going would redraw the box and close its list again
     page.wait_for_function("s => document.querySelectorAll(s).length === 1", arg=selector, timeout=60_000)  # no stale copy
     page.locator(selector).click()
+    # On this view a click on the box does not always open its list in headless Chromium (not understood
+    # yet; noted in docs/qk-map.md): the keyboard opens it.
+    if page.get_by_role("option").count() == 0:
+        page.keyboard.press("ArrowDown")
     page.get_by_role("option", name=option, exact=True).click()
     settle(page)
 
