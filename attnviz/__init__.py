@@ -11,11 +11,7 @@ own names here: no function is exported under a module's name, so ``from attnviz
 gives the module. The one exception is ``capture``, the function, which shadows the module
 ``attnviz.capture`` as an attribute (import from the module with ``from attnviz.capture import ...``).
 """
-from . import _openmp
-
-_openmp.passive_waiting()  # before anything below imports torch
-
-from . import masks, qkmap, relevance, rollout, stats  # noqa: E402
+from . import masks, qkmap, relevance, rollout, stats
 from ._version import __version__
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
 from .errors import (

@@ -2,8 +2,6 @@
 
 Set once, here, for every way in:
 
-- **Passive OpenMP waiting** (``OMP_WAIT_POLICY=PASSIVE``): ``import attnviz`` sets it before torch
-  loads (``attnviz/_openmp.py``), for the page, the CLI and notebooks alike. An owner's own setting wins.
 - **One PyTorch thread per forward pass** (``ATTNVIZ_THREADS``, default 1): sessions run side by side on
   Streamlit's threads, and thirty teams of one thread per core on two cores spent most of their CPU
   waiting on each other (0.85 s of CPU per capture on a busy 2-core machine against 0.14 s with one).

@@ -26,7 +26,7 @@ METHODS = ("pytorch", "torch.compile", "onnxruntime", "openvino")
 
 def child(size: int, threads: int, repeats: int, compile_budget: float) -> dict[str, float | str]:
     """In this process: median seconds of each method, or why it was left out."""
-    import attnviz  # first: it asks for passive OpenMP waiting before torch loads (attnviz._openmp)
+    import attnviz
     import torch
     from attnviz import runtimes
     from attnviz.capture import capture_tensor
@@ -78,7 +78,7 @@ def child(size: int, threads: int, repeats: int, compile_budget: float) -> dict[
 
 def measure(size: int, threads: int, busy: int, repeats: int, compile_budget: float, timeout: float) -> dict:
     # PASSIVE as `import attnviz` sets it (the child imports attnviz first too): PyTorch as users get it
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
     try:
         out = subprocess.run(
@@ -142,7 +142,7 @@ def main() -> None:
         return
 
     print(f"attnviz runtimes benchmark — {psutil.cpu_count()} CPUs, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')}, load average "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset (torch: spinning)')}, load average "
           f"{' '.join(f'{x:.1f}' for x in psutil.getloadavg())} before the run (other work on a shared "
           f"machine counts in every time); real offline model on cat.jpg, the capture's forward (q and k of "
           f"every layer as outputs), median of {args.repeats}; contended: beside {args.busy} process(es) "

@@ -30,13 +30,6 @@ def python(code: str, **env: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_import_attnviz_asks_openmp_to_wait_passively_unless_told_otherwise():
-    assert python("import os, attnviz; print(os.environ['OMP_WAIT_POLICY'])") == "PASSIVE"
-    assert python("import os, attnviz; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
-    # torch loaded first: its OpenMP has read the environment already, so attnviz changes nothing
-    assert python("import os, torch, attnviz; print(os.environ.get('OMP_WAIT_POLICY', 'unset'))") == "unset"
-
-
 def test_a_plain_streamlit_run_gets_the_servers_tuning_on_its_first_page_run():
     """The router's first run (what `streamlit run app.py` does) sets one thread per forward pass and starts
     the housekeeping thread, as `attnviz app` does before its server starts."""

@@ -17,7 +17,7 @@ def start(path: Path, threads: int) -> Callable[[np.ndarray], list[np.ndarray]]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    # Waiting threads sleep rather than spin, as PyTorch's OpenMP threads do here (attnviz._openmp):
+    # Waiting threads sleep rather than spin, as PyTorch's OpenMP threads do here (docs/performance.md, "Beside other work"):
     # a spinning team collapses when another process wants a core.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only: its warnings about unused initializers are noise
