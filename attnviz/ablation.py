@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from . import interventions
+import attnviz.interventions as interventions
 from .capture import Capture
 from .errors import FaithfulnessError
 from .faithfulness import Measure, follow, measure_of

@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from . import runfiles
+import attnviz.runfiles as runfiles
 from .errors import ExportError, RunError, RunFileError
 from .capture import Capture, capture
 from .images import ImageError

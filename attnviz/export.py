@@ -31,7 +31,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
-from . import atomic
+import attnviz.atomic as atomic
 from .errors import ExportError, ModelError
 from ._version import __version__
 from .capture import Capture
@@ -56,7 +56,7 @@ def sha256_file(path: str | Path) -> str:
 
 def weights_file(model, checkpoint: str | Path | None = None) -> dict:
     """Which weights file a loaded model came from, with its sha256 where there is a file."""
-    from . import offline
+    import attnviz.offline as offline
     from .models import cached_hub_file
 
     if checkpoint is not None:

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import i18n, interventions
+import attnviz.i18n as i18n
+import attnviz.interventions as interventions
 from .capture import Capture, Head
 from .errors import FaithfulnessError, RelevanceError
 from .lesson import fill_image, remove_patches

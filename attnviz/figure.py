@@ -40,7 +40,8 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from PIL import Image
 
-from . import atomic, i18n
+import attnviz.atomic as atomic
+import attnviz.i18n as i18n
 from .capture import Capture, Head
 from .errors import AttnvizError
 from .rollout import rollout_map

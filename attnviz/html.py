@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from . import atomic, i18n, render
+import attnviz.atomic as atomic
+import attnviz.i18n as i18n
+import attnviz.render as render
 from ._version import __version__
 from .capture import HEAD_FUSIONS, Capture, fuse_heads
 

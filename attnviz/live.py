@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from . import render
+import attnviz.render as render
 from .capture import Head, capture_tensor
 from .images import as_rgb
 from .live_sharing import Priority, lower_priority

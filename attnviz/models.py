@@ -28,7 +28,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from . import offline, weightfiles
+import attnviz.offline as offline
+import attnviz.weightfiles as weightfiles
 from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
 from .errors import HubUnavailable, ModelError
 

@@ -18,7 +18,7 @@ import stat
 from importlib import resources
 from pathlib import Path
 
-from . import images
+import attnviz.images as images
 from .images import CheckedImage, ImageError, open_image
 from .models import Fit, Model
 

@@ -470,7 +470,7 @@ def run_captures(out: str | Path, limit: int = MAX_PHOTOS, layer: int | None = N
     import dataclasses
     import zipfile
 
-    from . import runfiles
+    import attnviz.runfiles as runfiles
     from .errors import ExportError, RunError, RunFileError
     from .export import load_capture
 

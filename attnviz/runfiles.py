@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import i18n
+import attnviz.i18n as i18n
 from .errors import RunFileError
 from .images import MAX_BYTES as MAX_PHOTO_BYTES
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from . import weightfiles
+import attnviz.weightfiles as weightfiles
 from .errors import ModelError
 from .jobs import core_count
 from .weightfiles import safetensors_header
@@ -194,7 +194,7 @@ def model_parameters(name: str | None, size: int | None = None, checkpoint: Path
 
     The one count behind the budget, for every way a model arrives.
     """
-    from . import offline
+    import attnviz.offline as offline
     from .adapters import family_of_name
     from .models import checkpoint_classes
 

@@ -12,7 +12,7 @@ import io
 import numpy as np
 from PIL import Image, ImageDraw
 
-from . import render
+import attnviz.render as render
 from .capture import Capture, Head
 from .html import _picture, summary_map
 

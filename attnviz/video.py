@@ -30,7 +30,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from . import atomic, i18n, render
+import attnviz.atomic as atomic
+import attnviz.i18n as i18n
+import attnviz.render as render
 from .capture import Head
 from .errors import AttnvizError
 from .live import LiveSettings, heatmap_frame

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .. import weightfiles
+import attnviz.weightfiles as weightfiles
 from ..errors import IncompleteWeights, ModelError
 from .base import Adapter, check_square_size
 from .registry import Family, register

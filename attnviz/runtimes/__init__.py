@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .. import offline
+import attnviz.offline as offline
 from ..capture import capture_tensor
 from ..errors import ModelError
 from ..models import Model
