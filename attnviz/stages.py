@@ -8,10 +8,18 @@ window w the weights are exactly softmax(q · kᵀ · scale + bias[w]), with the
 and the shifted-window mask in ``bias``; between windows they are zero, so over the whole image a
 layer's matrix is block-diagonal (Liu et al. 2021, "Swin Transformer", Fig. 2).
 
+The same layout describes the other shapes timm's hierarchical families have: keys on another grid
+than the queries (pooled or sub-sampled keys: ``key_grid``, ``key_windows``), prefix tokens before the
+grid cells (a class token: ``prefix``, ``key_prefix``), queries that are only some tokens (CaiT's
+class attention: the class token alone), one window of every token (global attention, W = 1), a bias
+computed from the image (put by the adapter after the pass) and talking heads (an (H, H) mix of the
+heads' logits before the softmax).
+
 A :class:`StagedCapture` keeps each layer's q and k per window, O(L · N · d), and answers what a
 :class:`~attnviz.capture.Capture` answers, per layer at that layer's grid: the whole-image matrix, a
-query token's row, a query's map (zero outside its window), and — as these models have no class
-token — the summary map, the mean attention each patch receives from the queries of its window.
+query token's row, a query's map (zero outside its window), and the summary map: the class token's
+row where the layer has one, otherwise the mean attention each patch receives from the queries of
+its window.
 """
 from __future__ import annotations
 
@@ -39,19 +47,54 @@ class LayerLayout:
     num_heads: int
     head_dim: int
     scale: float
-    windows: torch.Tensor = field(repr=False)  # (W, T) long: raster index of window w's row t
+    windows: torch.Tensor = field(repr=False)  # (W, Tq) long: query token of window w's row t
+    # Keys, when they are not the queries' tokens: (W, Tk) long, the key token of window w's column
+    # (pooled keys, a class token among them); None: the same tokens as ``windows``.
+    key_windows: torch.Tensor | None = field(default=None, repr=False)
+    key_grid: tuple[int, int] | None = None  # the keys' grid when it is not ``grid`` (pooled keys)
+    prefix: int = 0  # query tokens before the grid cells: token i < prefix is a prefix token, then raster order
+    key_prefix: int | None = None  # the same for the keys; None: ``prefix``
+    class_token: bool = False  # token 0 (of queries and keys) is a class token
 
     @property
     def num_tokens(self) -> int:
-        return self.grid[0] * self.grid[1]
+        """Query tokens: the prefix tokens, then the grid's cells."""
+        return self.prefix + self.grid[0] * self.grid[1]
+
+    @property
+    def keys_grid(self) -> tuple[int, int]:
+        return self.grid if self.key_grid is None else self.key_grid
+
+    @property
+    def num_key_prefix(self) -> int:
+        return self.prefix if self.key_prefix is None else self.key_prefix
+
+    @property
+    def num_keys(self) -> int:
+        h, w = self.keys_grid
+        return self.num_key_prefix + h * w
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """(W, Tk): the key token of every window column."""
+        return self.windows if self.key_windows is None else self.key_windows
 
     @property
     def num_windows(self) -> int:
         return self.windows.shape[0]
 
+    @property
+    def class_row(self) -> bool:
+        """Whether the class token is among this layer's queries (its row is the summary map)."""
+        return self.class_token and bool((self.windows == 0).any())
+
     def window_of(self, token: int) -> tuple[int, int]:
-        """(window, row in it) of raster token ``token``."""
-        w, t = divmod(int((self.windows.reshape(-1) == token).nonzero()[0]), self.windows.shape[1])
+        """(window, row in it) of query token ``token``; a ValueError when that token does not attend here."""
+        found = (self.windows.reshape(-1) == token).nonzero()
+        if not len(found):
+            raise ValueError(f"token {token} is not a query at this layer (only {self.windows.numel()} of its "
+                             f"{self.num_tokens} tokens attend)")
+        w, t = divmod(int(found[0]), self.windows.shape[1])
         return w, t
 
 
@@ -67,9 +110,9 @@ def window_partition_index(grid: tuple[int, int], window: tuple[int, int], shift
 class StagedCapture:
     """One image's attention in a windowed, hierarchical model, every layer and head (0-based)."""
 
-    query: tuple[torch.Tensor, ...]  # per layer (H_l, W_l, T_l, d_k)
-    key: tuple[torch.Tensor, ...]  # per layer (H_l, W_l, T_l, d_k)
-    bias: tuple[torch.Tensor | None, ...]  # per layer (W_l, H_l, T_l, T_l): position bias + shift mask
+    query: tuple[torch.Tensor, ...]  # per layer (H_l, W_l, Tq_l, d_k)
+    key: tuple[torch.Tensor, ...]  # per layer (H_l, W_l, Tk_l, d_k)
+    bias: tuple[torch.Tensor | None, ...]  # per layer (W_l, H_l, Tq_l, Tk_l) or broadcastable: position bias + shift mask
     layouts: tuple[LayerLayout, ...]
     input: torch.Tensor  # (1, 3, S, S)
     output: torch.Tensor  # (C,)
@@ -79,6 +122,7 @@ class StagedCapture:
     num_prefix_tokens: int = 0
     has_class_token: bool = False
     summary: str = "mean_received"
+    mix: tuple[torch.Tensor | None, ...] = ()  # per layer (H, H): talking heads' mix of the logits, or None
 
     @property
     def num_layers(self) -> int:
@@ -112,26 +156,29 @@ class StagedCapture:
         own = [*self.query, *self.key, self.input, self.output, *self.token_norms]
         return sum(t.element_size() * t.nelement() for t in own)
 
+    def _mix(self, layer: int) -> torch.Tensor | None:
+        return self.mix[layer] if self.mix else None
+
     def window_weights(self, layer: int) -> torch.Tensor:
-        """(W, H, T, T): every window's weights, as the model computes them."""
+        """(W, H, Tq, Tk): every window's weights, as the model computes them."""
         lay = self.layout(layer)
-        q, k = self.query[layer], self.key[layer]  # (H, W, T, d_k)
+        q, k = self.query[layer], self.key[layer]  # (H, W, Tq, d_k), (H, W, Tk, d_k)
         bias = self.bias[layer]
-        scores = softmax_scores(q, k, lay.scale, None if bias is None else bias.transpose(0, 1))  # (H, W, T, T)
+        scores = mixed_softmax(q, k, lay.scale, None if bias is None else bias.transpose(0, 1), self._mix(layer))
         return scores.transpose(0, 1)
 
     def layer_weights(self, layer: int) -> torch.Tensor:
-        """(H, N, N) over the whole image: each window's block, zero between windows."""
+        """(H, Nq, Nk) over the whole image: each window's block, zero between windows (and in the rows of
+        tokens that are not queries at this layer)."""
         lay = self.layout(layer)
-        ww = self.window_weights(layer)  # (W, H, T, T)
-        n, h = lay.num_tokens, lay.num_heads
-        full = torch.zeros(h, n, n, dtype=ww.dtype)
-        for w, idx in enumerate(lay.windows):
-            full[:, idx[:, None], idx[None, :]] = ww[w]
+        ww = self.window_weights(layer)  # (W, H, Tq, Tk)
+        full = torch.zeros(lay.num_heads, lay.num_tokens, lay.num_keys, dtype=ww.dtype)
+        for w, (rows, cols) in enumerate(zip(lay.windows, lay.keys)):
+            full[:, rows[:, None], cols[None, :]] = ww[w]
         return full
 
     def layer_rows(self, layer: int, query: int = 0) -> torch.Tensor:
-        """(H, N): token ``query``'s row in every head, zero outside its window. Costs O(H · T · d_k)."""
+        """(H, Nk): token ``query``'s row in every head, zero outside its window. Costs O(H · Tk · d_k)."""
         lay = self.layout(layer)
         query = whole(query, "query token")
         if not 0 <= query < lay.num_tokens:
@@ -139,10 +186,12 @@ class StagedCapture:
         w, t = lay.window_of(query)
         q = self.query[layer][:, w, t : t + 1]  # (H, 1, d_k)
         bias = self.bias[layer]
-        row = softmax_scores(q, self.key[layer][:, w], lay.scale,
-                             None if bias is None else bias[w][:, t : t + 1])[:, 0]  # (H, T)
-        full = torch.zeros(lay.num_heads, lay.num_tokens, dtype=row.dtype)
-        full[:, lay.windows[w]] = row
+        if bias is not None:  # (W, H, Tq, Tk), or 1 where it is the same for every window, head or query
+            bias = bias[min(w, bias.shape[0] - 1)]
+            bias = bias[:, min(t, bias.shape[1] - 1)][:, None]  # (H, 1, Tk)
+        row = mixed_softmax(q, self.key[layer][:, w], lay.scale, bias, self._mix(layer))[:, 0]  # (H, Tk)
+        full = torch.zeros(lay.num_heads, lay.num_keys, dtype=row.dtype)
+        full[:, lay.keys[w]] = row
         return full
 
     def weights(self, layer: int, head: Head) -> np.ndarray:
@@ -152,31 +201,44 @@ class StagedCapture:
         return fuse_heads(self.layer_rows(layer, query), head).cpu().numpy()
 
     def query_map(self, layer: int, head: Head, query: int = 0) -> np.ndarray:
-        """(h, w) at this layer's grid: token ``query``'s attention, zero outside its window."""
-        return self.row(layer, head, query).reshape(self.grid(layer))
+        """(h, w) at the keys' grid of this layer: token ``query``'s attention, zero outside its window."""
+        lay = self.layout(layer)
+        return self.row(layer, head, query)[lay.num_key_prefix:].reshape(lay.keys_grid)
 
     def cls_map(self, layer: int, head: Head) -> np.ndarray:
-        raise NoClassTokenError(
-            "this model has no class token, so there is no class-token row; use mean_received_map() "
-            "(the attention each patch receives from the queries of its window) or query_map() for one patch")
+        """(h, w): the class token's attention over the patches at ``layer``, where it is a query there."""
+        if not self.layout(layer).class_row:
+            raise NoClassTokenError(
+                "this layer has no class-token row (the model has no class token, or it does not attend here); "
+                "use mean_received_map() (the attention each patch receives from the queries of its window) "
+                "or query_map() for one patch")
+        return self.query_map(layer, head, 0)
 
     def mean_received_map(self, layer: int, head: Head) -> np.ndarray:
-        """(h, w): the attention each patch receives, averaged over the T queries of its window."""
+        """(h, w) at the keys' grid: the attention each patch receives, averaged over the queries of its window."""
         lay = self.layout(layer)
-        received = fuse_heads(self.window_weights(layer).transpose(0, 1), head).mean(-2)  # (W, T)
-        flat = torch.zeros(lay.num_tokens, dtype=received.dtype)
-        flat[lay.windows.reshape(-1)] = received.reshape(-1)
-        return flat.cpu().numpy().reshape(lay.grid)
+        received = fuse_heads(self.window_weights(layer).transpose(0, 1), head).mean(-2)  # (W, Tk)
+        keys = lay.keys.reshape(-1)
+        flat = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, received.reshape(-1))
+        count = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, torch.ones_like(received.reshape(-1)))
+        flat = flat / count.clamp(min=1)  # a key in several windows: the mean over them
+        return flat[lay.num_key_prefix:].cpu().numpy().reshape(lay.keys_grid)
+
+    def summary_kind(self, layer: int) -> str:
+        """``"cls"`` where the class token attends at ``layer`` (its row is the summary), else ``"mean_received"``."""
+        return "cls" if self.layout(layer).class_row else "mean_received"
 
     def summary_map(self, layer: int, head: Head) -> np.ndarray:
+        if self.summary_kind(layer) == "cls":
+            return self.cls_map(layer, head)
         return self.mean_received_map(layer, head)
 
     def window_mask(self, layer: int, token: int) -> np.ndarray:
-        """(h, w) bool: the patches of the window token ``token`` attends within at ``layer`` (after the shift)."""
+        """(h, w) bool at the keys' grid: the patches query ``token`` attends within at ``layer`` (after the shift)."""
         lay = self.layout(layer)
-        inside = np.zeros(lay.num_tokens, bool)
-        inside[lay.windows[lay.window_of(token)[0]].numpy()] = True
-        return inside.reshape(lay.grid)
+        inside = np.zeros(lay.num_keys, bool)
+        inside[lay.keys[lay.window_of(token)[0]].numpy()] = True
+        return inside[lay.num_key_prefix:].reshape(lay.keys_grid)
 
     def __repr__(self) -> str:
         stages = ", ".join(f"{self.layouts[s[0]].grid[0]}×{self.layouts[s[0]].grid[1]}" for s in self.stages)
@@ -184,16 +246,33 @@ class StagedCapture:
                 f"{self.nbytes / 2**20:.1f} MB)")
 
 
+def mixed_softmax(query: torch.Tensor, key: torch.Tensor, scale: float, bias: torch.Tensor | None = None,
+                  mix: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(mix(q · kᵀ · scale) + bias) over the last axis: (H, ..., M, d_k), (H, ..., N, d_k) → (H, ..., M, N).
+
+    ``mix`` (H, H), talking heads: head h's logits are Σ_g mix[h, g] · logits[g]. Without it this is
+    :func:`attnviz.softmax.softmax_scores` (float64 logits, softmax in the input's precision)."""
+    if mix is None:
+        return softmax_scores(query, key, scale, bias)
+    scores = (query.double() * scale) @ key.double().transpose(-2, -1)
+    scores = torch.einsum("hg,g...->h...", mix.double(), scores)
+    if bias is not None:
+        scores = scores + bias.double()
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    return scores.to(query.dtype).softmax(dim=-1)
+
+
 @torch.inference_mode()
 def capture_staged(model, x: torch.Tensor) -> StagedCapture:
     """Run ``model`` once on ``x`` and keep every layer's windowed q and k (``model.adapter.layouts``)."""
     adapter = model.adapter
     layouts = adapter.layouts
-    shapes = [(lay.num_heads, lay.num_windows, lay.windows.shape[1], lay.head_dim) for lay in layouts]
+    queries = [(lay.num_heads, lay.num_windows, lay.windows.shape[1], lay.head_dim) for lay in layouts]
+    keys = [(lay.num_heads, lay.num_windows, lay.keys.shape[1], lay.head_dim) for lay in layouts]
     recorder = Recorder(
-        query=[torch.empty(s, device=x.device, dtype=x.dtype) for s in shapes],
-        key=[torch.empty(s, device=x.device, dtype=x.dtype) for s in shapes],
-        norms=[torch.empty(lay.num_tokens, device=x.device, dtype=x.dtype) for lay in layouts],
+        query=[torch.empty(s, device=x.device, dtype=x.dtype) for s in queries],
+        key=[torch.empty(s, device=x.device, dtype=x.dtype) for s in keys],
+        norms=[None] * len(layouts),  # each block's output tokens, whatever their count
     )
     start = time.perf_counter()
     with model.tap.recording(recorder):
@@ -202,7 +281,12 @@ def capture_staged(model, x: torch.Tensor) -> StagedCapture:
     adapter.finish(recorder)
     if len(recorder.seen) != 3 * adapter.depth:
         raise RuntimeError("the forward pass did not reach every attention layer")
+    static = adapter.window_bias or (None,) * len(layouts)
+    bias = tuple(recorder.bias.get(layer, static[layer]) for layer in range(len(layouts)))
+    has_class_token = bool(layouts) and all(lay.class_row for lay in layouts)
     return StagedCapture(
-        query=tuple(recorder.query), key=tuple(recorder.key), bias=tuple(adapter.window_bias),
-        layouts=layouts, input=x, output=output, seconds=seconds, token_norms=tuple(recorder.norms),
+        query=tuple(recorder.query), key=tuple(recorder.key), bias=bias, layouts=layouts, input=x, output=output,
+        seconds=seconds, token_norms=tuple(recorder.norms), num_prefix_tokens=layouts[-1].prefix,
+        has_class_token=has_class_token, summary="cls" if has_class_token else "mean_received",
+        mix=tuple(adapter.window_mix) if adapter.window_mix is not None else (),
     )

@@ -190,23 +190,21 @@ def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor) -> list[torch.Ten
 def as_layers(reference: list[torch.Tensor], cap) -> list[torch.Tensor]:
     """The reference softmaxes in the capture's layout: per layer (H, Nq, Nk) over the whole image.
 
-    A windowed layer's reference is (windows, H, T, T); the capture says which token each window row
-    is (``cap.layout(layer).windows``), so the block-diagonal whole-image matrix is put together here
-    from that partition, independently of how the capture computes its rows."""
+    A windowed layer's reference is (windows, H, Tq, Tk) (global attention: one window); the capture
+    says which query token each window row is and which key token each column is
+    (``cap.layout(layer).windows``, ``.keys``), so the block-diagonal whole-image matrix is put together
+    here from that partition, independently of how the capture computes its rows."""
     out = []
     for layer, ref in enumerate(reference):
         layout = cap.layout(layer) if hasattr(cap, "layout") else None
-        windows = None if layout is None else layout.windows
-        if windows is None:
+        if layout is None:
             out.append(ref[0] if ref.shape[0] == 1 else ref)
             continue
-        w, t = windows.shape  # (W, T) token indices
-        h = ref.shape[1]
-        n = layout.num_tokens
-        full = torch.zeros(h, n, n, dtype=ref.dtype)
-        for i in range(w):
-            idx = windows[i]
-            full[:, idx[:, None], idx[None, :]] = ref[i]
+        rows, cols = layout.windows, layout.keys  # (W, Tq), (W, Tk) token indices
+        ref = ref.reshape(rows.shape[0], -1, rows.shape[1], cols.shape[1])  # (W, H, Tq, Tk)
+        full = torch.zeros(ref.shape[1], layout.num_tokens, layout.num_keys, dtype=ref.dtype)
+        for i in range(rows.shape[0]):
+            full[:, rows[i][:, None], cols[i][None, :]] = ref[i]
         out.append(full)
     return out
 

@@ -36,7 +36,7 @@ from ..errors import ModelError
 from .base import Adapter
 from .refusals import has_attention_module, known_refusal
 from .registry import Family, attention_classes, register, registered
-from .tap import Recorder, Tap, residual
+from .tap import Recorder, Tap
 
 # Attention we know and cannot reproduce exactly yet: named in the refusal.
 KNOWN_REFUSALS = {
@@ -118,6 +118,6 @@ def tap_of(network: torch.nn.Module, adapter: Adapter) -> Tap:
     tap = Tap(modules)
     for layer in range(adapter.depth):
         adapter.attach(layer, tap)
-        tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, residual)
+        tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.read_tokens)
     network._attnviz_tap = tap  # travels with the network: deepcopy and pickle copy it with the hooks
     return tap

@@ -1,12 +1,13 @@
 """What every adapter answers."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import ModelError, RelevanceError
-from .tap import Recorder, Tap
+from .tap import Recorder, Tap, residual
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,6 +30,11 @@ class Adapter:
     # and its (W, H, T, T) logit bias (position bias + shifted-window mask); None for one token set throughout.
     layouts: tuple | None = field(default=None, repr=False)
     window_bias: tuple | None = field(default=None, repr=False)
+    # Talking heads (CaiT, EfficientFormer V2): per layer an (H, H) matrix that mixes the heads' logits
+    # before the bias and the softmax, or None.
+    window_mix: tuple | None = field(default=None, repr=False)
+    # A block's output → the (N, D) tokens whose norms the capture keeps (channels_first for (1, C, h, w)).
+    read_tokens: Callable = field(default=residual, repr=False)
 
     @property
     def depth(self) -> int:

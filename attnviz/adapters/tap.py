@@ -26,6 +26,7 @@ class Recorder:
         self.key = key  # (L, H, N, d_k)
         self.norms = norms  # (L, N)
         self.extras: dict[int, Any] = {}  # per layer: what an adapter needs after the pass (e.g. RoPE)
+        self.bias: dict[int, torch.Tensor] = {}  # per layer: a logit bias that depends on the image (staged models)
         self.seen: set[tuple[str, int]] = set()
 
     def put_query(self, layer: int, q: torch.Tensor) -> None:
@@ -40,10 +41,18 @@ class Recorder:
     def put_extra(self, layer: int, value: Any) -> None:
         self.extras[layer] = value
 
+    def put_bias(self, layer: int, bias: torch.Tensor) -> None:
+        """``bias``: (W, H, Tq, Tk) (or broadcastable) logit bias of layer ``layer`` computed from this image."""
+        self.bias[layer] = bias
+
     def put_tokens(self, layer: int, tokens: torch.Tensor) -> None:
         """``tokens``: (N, D) residual stream after block ``layer`` ((h, w, D) in a staged model); keeps only
-        each token's L2 norm, in raster order."""
-        self.norms[layer].copy_(tokens.norm(dim=-1).reshape(self.norms[layer].shape))
+        each token's L2 norm, in raster order (a staged model's list of norms takes whatever count it has)."""
+        norms = tokens.norm(dim=-1).reshape(-1)
+        if isinstance(self.norms, list):
+            self.norms[layer] = norms
+        else:
+            self.norms[layer].copy_(norms.reshape(self.norms[layer].shape))
         self.seen.add(("x", layer))
 
 
@@ -55,6 +64,12 @@ def first(output: torch.Tensor) -> torch.Tensor:
 def residual(output: Any) -> torch.Tensor:
     """A block's output → the (N, D) residual stream of the one image (some blocks return a tuple)."""
     return (output[0] if isinstance(output, tuple) else output)[0]
+
+
+def channels_first(output: Any) -> torch.Tensor:
+    """A convolutional block's (1, C, h, w) output → the (h · w, C) tokens of the one image, in raster order."""
+    out = output[0] if isinstance(output, tuple) else output
+    return out[0].flatten(1).transpose(0, 1)
 
 
 class Tap:
