@@ -49,7 +49,9 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     at.selectbox(key="stage_block_0").set_value(1).run()  # stage 1, block 2: shifted windows
     assert not at.exception
     info = " ".join(i.value for i in at.info)
-    assert "4 stages of windowed attention" in info and "56 × 56, 28 × 28, 14 × 14, 7 × 7" in info
+    assert "has 4 stages" in info and "56 × 56, 28 × 28, 14 × 14, 7 × 7" in info
+    assert "only to the tokens of its window (7 × 7)" in info and "shifts its windows by half" in info
+    assert "pooled" not in info and "class token attends" not in info  # what Swin does not have is not said
     assert "Stage 1, block 2, mean of all heads: mean attention each patch receives within its window" in " ".join(
         h.value for h in at.subheader)
     captions = " ".join(c.value for c in at.caption)
@@ -125,7 +127,7 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
             if touch:  # the phone starts with the sidebar closed
                 page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
             pick(page, "model_choice", "Checkpoint: swin_tiny")
-            page.get_by_text("4 stages of windowed attention", exact=False).wait_for(timeout=180_000)
+            page.get_by_text("has 4 stages, each with its own grid", exact=False).wait_for(timeout=180_000)
             if touch and page.locator("[data-testid='stSidebarCollapseButton'] button").count():
                 page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()  # close it again
                 page.wait_for_timeout(500)

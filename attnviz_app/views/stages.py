@@ -20,12 +20,15 @@ WINDOW_COLOUR = (255, 255, 255)
 
 
 def window_lines(picture, cap, layer: int, token: int | None = None):
-    """``picture`` with every window of ``layer`` outlined, or only the one ``token`` attends within."""
+    """``picture`` with every window of ``layer`` outlined, or only the one ``token`` attends within
+    (nothing where the layer attends globally: one window of every token)."""
     lay = cap.layout(layer)
+    if lay.num_windows == 1:
+        return picture
     tokens = [token] if token is not None else [int(w[0]) for w in lay.windows]
     for tok in tokens:
         picture = render.outline_region(picture, cap.window_mask(layer, tok), WINDOW_COLOUR,
-                                        max(1, round(picture.width / lay.grid[1] / 6)) if token is None else None)
+                                        max(1, round(picture.width / lay.keys_grid[1] / 6)) if token is None else None)
     return picture
 
 
@@ -35,11 +38,45 @@ def _clicked() -> None:
         st.session_state["stage_query"] = (int(points[0]["row"]), int(points[0]["col"]))
 
 
+def _size(grid: tuple[int, int]) -> str:
+    return f"{grid[0]} × {grid[1]}"
+
+
+def intro(model, cap) -> str:
+    """What this model's stages are, in a few measured facts: grids, windows, pooled keys, class attention."""
+    stages, layouts = cap.stages, cap.layouts
+    text = [t("stages.intro", model=model.public_name, stages=len(stages),
+              grids=", ".join(_size(cap.grid(s[0])) for s in stages))]
+    windowed = [lay for lay in layouts if lay.num_windows > 1]
+    if windowed:
+        text.append(t("stages.intro_windows", windows=", ".join(sorted({_size(lay.window) for lay in windowed}))))
+        if any(any(lay.shift) for lay in windowed):
+            text.append(t("stages.intro_shifted"))
+    pooled = [lay for lay in layouts if lay.keys_grid != lay.grid]
+    if pooled:
+        text.append(t("stages.intro_pooled", n=len(pooled), total=len(layouts),
+                      grids=", ".join(sorted({_size(lay.keys_grid) for lay in pooled}))))
+    classy = sum(lay.class_row for lay in layouts)
+    if classy:
+        text.append(t("stages.intro_class", n=classy, total=len(layouts)))
+    return " ".join(text)
+
+
+def block_label(lay, n: int) -> str:
+    if lay.class_row and lay.windows.numel() == 1:
+        kind = t("stages.class_attention")
+    elif any(lay.shift):
+        kind = t("stages.shifted")
+    elif lay.keys_grid != lay.grid:
+        kind = t("stages.pooled", h=lay.keys_grid[0], w=lay.keys_grid[1])
+    else:
+        kind = ""
+    return t("stages.block_option", n=n, shifted=kind)
+
+
 def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool = False) -> None:
     stages = cap.stages
-    grids = ", ".join(f"{cap.grid(s[0])[0]} × {cap.grid(s[0])[1]}" for s in stages)
-    windows = ", ".join(sorted({f"{cap.layout(s[0]).window[0]} × {cap.layout(s[0]).window[1]}" for s in stages}))
-    st.info(t("stages.intro", model=model.public_name, stages=len(stages), grids=grids, windows=windows))
+    st.info(intro(model, cap))
     stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
     stage = stage_col.selectbox(
         t("stages.stage"), list(range(len(stages))), index=len(stages) - 1, key="stage",
@@ -52,10 +89,8 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
     kept = st.session_state.get(key, len(blocks) - 1)
     if not isinstance(kept, int) or not 0 <= kept < len(blocks):  # kept from another model
         st.session_state[key] = len(blocks) - 1
-    block = block_col.selectbox(
-        t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key=key,
-        format_func=lambda b: t("stages.block_option", n=b + 1,
-                                shifted=t("stages.shifted") if any(cap.layout(blocks[b]).shift) else ""))
+    block = block_col.selectbox(t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key=key,
+                                format_func=lambda b: block_label(cap.layout(blocks[b]), b + 1))
     layer = blocks[block]
     lay = cap.layout(layer)
     heads = [*HEAD_FUSIONS, *range(1, lay.num_heads + 1)]
@@ -65,32 +100,54 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
         t("view.head"), heads, key="stage_head",
         format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h))
     head = picked if isinstance(picked, str) else picked - 1
+    kind = cap.summary_kind(layer)
     what = what_col.radio(t("stages.show"), ["summary", "query"], key="stage_show", horizontal=True,
-                          format_func=lambda w: t(f"stages.{w}"))
-    h, w = lay.grid
+                          format_func=lambda w: t("stages.summary_cls" if w == "summary" and kind == "cls" else f"stages.{w}"))
     names = dict(stage=stage + 1, block=block + 1, head=head_label(head))
+    width = 358 if narrow else 560
+    only_class = lay.windows.numel() == 1 and lay.class_row  # class attention: the class token is the only query
+    if what == "query" and only_class:
+        st.info(t("stages.only_class_queries"))
+        what = "summary"
     if what == "summary":
         grid_map = cap.summary_map(layer, head)
         picture = window_lines(enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth)), cap, layer)
-        st.subheader(t("stages.summary_title", **names))
-        st.image(picture, width=min(picture.width, 358 if narrow else 560))
-        st.caption(t("stages.summary_caption", t=lay.windows.shape[1], wh=lay.window[0], ww=lay.window[1]))
-        colour_scale(grid_map, cmap, min(picture.width, 358 if narrow else 560),
-                     t("stages.units_summary", uniform=1 / lay.windows.shape[1]))
-        download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_received.png", key="download_stage")
+        if kind == "cls":
+            st.subheader(t("stages.cls_title", **names))
+            caption = t("stages.cls_caption", h=lay.keys_grid[0], w=lay.keys_grid[1])
+            units, name = t("stages.units_cls", uniform=1 / lay.num_keys), "cls"
+        else:
+            st.subheader(t("stages.summary_title", **names))
+            queries = lay.windows.shape[1]
+            caption = (t("stages.summary_caption", t=queries, wh=lay.window[0], ww=lay.window[1]) if lay.num_windows > 1
+                       else t("stages.summary_caption_global", t=queries))
+            units, name = t("stages.units_summary", uniform=1 / lay.keys.shape[1]), "received"
+        st.image(picture, width=min(picture.width, width))
+        st.caption(caption)
+        colour_scale(grid_map, cmap, min(picture.width, width), units)
+        download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_{name}.png", key="download_stage")
     else:
+        h, w = lay.grid  # the queries' grid; the map is drawn at the keys' grid
         row, col = st.session_state.get("stage_query", (h // 2, w // 2))
         row, col = min(row, h - 1), min(col, w - 1)
-        token = row * w + col
+        token = lay.prefix + row * w + col
         grid_map = cap.query_map(layer, head, token)
         picture = enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth))
         picture = mark_patch(window_lines(picture, cap, layer, token), lay.grid, (row, col))
         st.subheader(t("stages.query_title", row=row + 1, col=col + 1, **names))
         clickable_picture(picture, lay.grid, key=CHART_KEY, on_select=_clicked, narrow=narrow)
         shifted = t("stages.query_shifted", sh=lay.shift[0], sw=lay.shift[1]) if any(lay.shift) else ""
-        st.caption(t("stages.query_caption", shifted=shifted))
-        colour_scale(grid_map, cmap, min(picture.width, 358 if narrow else 560), t("stages.units_query", t=lay.windows.shape[1]))
-        st.markdown(t("stages.self_weight", weight=float(grid_map[row, col]), top=float(np.max(grid_map))))
+        if lay.num_windows > 1:
+            st.caption(t("stages.query_caption", shifted=shifted))
+        else:
+            st.caption(t("stages.query_caption_global"))
+        if lay.keys_grid != lay.grid:
+            st.caption(t("stages.query_pooled", h=lay.keys_grid[0], w=lay.keys_grid[1], qh=h, qw=w))
+        colour_scale(grid_map, cmap, min(picture.width, width), t("stages.units_query", t=lay.keys.shape[1]))
+        if lay.keys_grid == lay.grid:
+            st.markdown(t("stages.self_weight", weight=float(grid_map[row, col]), top=float(np.max(grid_map))))
+        else:
+            st.markdown(t("stages.top_weight", top=float(np.max(grid_map))))
         download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
                      key="download_stage_query")
     st.caption(t("stages.not_drawn"))
