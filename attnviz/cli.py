@@ -74,6 +74,19 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
         atomic.write_bytes(files["layer sweep"], sweep.sweep_gif(cap, picture=view))
 
 
+def check_staged_options(model, args: argparse.Namespace) -> None:
+    """One sentence when an option needs one token grid throughout and ``model`` has stages (Swin, PiT, …)."""
+    if model.adapter.layouts is None:
+        return
+    if args.rollout:
+        raise ModelError(f"{model.public_name} has stages with a different set of tokens each, so attention cannot "
+                         "be multiplied through its layers: --rollout is not defined for it.")
+    if args.html:
+        raise ModelError(f"The interactive page draws one token grid throughout, and {model.public_name} has "
+                         "stages with a different grid each, so --html cannot write it yet (the .npz, the "
+                         "overlay and --gif can).")
+
+
 def plan(images: list[str]) -> list[tuple[str, str]]:
     """Each input with the stem of its outputs; two inputs named alike get ``stem``, ``stem_``, …"""
     planned, used = [], set()
@@ -164,7 +177,7 @@ def export(args: argparse.Namespace) -> int:
         check_inputs_kept(planned, Path(args.out), args)  # x_overlay.png among the inputs stays as it is
         try:
             model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=device)
-            exporting.check_exportable(model)
+            check_staged_options(model, args)
         except ModelError as e:
             raise UsageError(f"{e} Nothing was exported.") from None
         out = output_folder(args.out)

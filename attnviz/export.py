@@ -8,9 +8,12 @@ equal a fresh capture's:
 - ``"full"``: the same plus ``attention`` (L, H, N, N), every weight materialised for people who want
   plain NumPy arrays (540 MB at 518 px in float32, half in float16).
 
-The capture is saved generically, field by field (``dataclasses.fields(Capture)``): tensors become
-arrays of the same name, everything else goes into the JSON ``meta`` entry. Fields added to
-``Capture`` later round-trip without this module knowing them.
+The capture is saved generically, field by field (``dataclasses.fields``): tensors become arrays of
+the same name, a tuple of per-layer tensors (a :class:`~attnviz.stages.StagedCapture`'s queries and
+keys, one grid per stage) arrays ``name.0``, ``name.1``, …, everything else goes into the JSON
+``meta`` entry (a layer's layout with its small window tables as lists). Fields added to either
+capture later round-trip without this module knowing them. A staged capture's ``"full"`` export has
+one ``attention.<l>`` (H, Nq, Nk) per layer, as its layers differ in size.
 
 Nothing is compressed (``savez_compressed`` spent 20 s to save 7.5 % at 518 px), and ``attention``
 is written layer by layer straight into the zip, so memory holds one layer, never all of them.
@@ -32,9 +35,10 @@ import numpy as np
 import torch
 
 import attnviz.atomic as atomic
-from .errors import ExportError, ModelError
+from .errors import ExportError
 from ._version import __version__
 from .capture import Capture
+from .stages import StagedCapture
 
 FORMATS = ("full", "qk")
 DTYPES = ("float32", "float16")
@@ -80,15 +84,6 @@ def versions() -> dict[str, str]:
             "numpy": np.__version__, "python": platform.python_version()}
 
 
-def check_exportable(model) -> None:
-    """One sentence when ``model``'s captures cannot be written as one (L, H, N, d_k) NPZ: a model with
-    stages (Swin) has a different token grid and head count per stage (issue #22: not written yet)."""
-    if model.adapter.layouts is not None:
-        raise ModelError(
-            f"{model.public_name} has stages with a different token grid each, which attnviz export cannot write "
-            "yet; read it in Python with attnviz.capture, which gives a StagedCapture.")
-
-
 def describe(
     model, cap: Capture, source: str | None = None, weights: dict | None = None,
     source_size: tuple[int, int] | None = None,
@@ -117,10 +112,7 @@ def describe(
             **(weights or {"file": None, "sha256": None}),
         },
         "preparation": preparation,
-        "tokens": {
-            "grid": list(cap.grid), "num_prefix_tokens": cap.num_prefix_tokens, "num_tokens": cap.num_tokens,
-            "order": "prefix tokens (class token first, then registers) followed by the h × w patches in raster order",
-        },
+        "tokens": _tokens(cap),
         "answer": {
             "array": "output",
             "kind": "logits" if model is not None and model.labels is not None else "pooled features",
@@ -133,6 +125,22 @@ def describe(
 
 # ---- Capture ↔ plain values, generically ----
 
+def _tokens(cap: Capture | StagedCapture) -> dict:
+    """Which token each row and column of the attention is."""
+    if isinstance(cap, StagedCapture):
+        return {
+            "layers": [{"stage": lay.stage, "block": lay.block, "grid": list(lay.grid), "key_grid": list(lay.keys_grid),
+                        "prefix": lay.prefix, "key_prefix": lay.num_key_prefix, "windows": lay.num_windows,
+                        "heads": lay.num_heads} for lay in cap.layouts],
+            "order": "per layer: its prefix tokens followed by its grid's cells in raster order; the queries of "
+                     "window w are capture.values.layouts[l].windows[w], its keys .key_windows[w] (or the same)",
+        }
+    return {
+        "grid": list(cap.grid), "num_prefix_tokens": cap.num_prefix_tokens, "num_tokens": cap.num_tokens,
+        "order": "prefix tokens (class token first, then registers) followed by the h × w patches in raster order",
+    }
+
+
 def _encode(value: Any, where: str) -> Any:
     """A JSON-ready form of a non-tensor field value; dataclasses keep their type's name."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -141,6 +149,8 @@ def _encode(value: Any, where: str) -> Any:
         return value.item()
     if isinstance(value, (tuple, list)):
         return [_encode(v, where) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() <= 2**20:  # e.g. a layout's (W, T) window table
+        return {"__tensor__": value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind = type(value)
         return {"__dataclass__": f"{kind.__module__}:{kind.__qualname__}",
@@ -151,6 +161,8 @@ def _encode(value: Any, where: str) -> Any:
 def _decode(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_decode(v) for v in value)
+    if isinstance(value, dict) and "__tensor__" in value:
+        return torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
     if isinstance(value, dict) and "__dataclass__" in value:
         module, _, name = value["__dataclass__"].partition(":")
         if module != "attnviz" and not module.startswith("attnviz."):  # never import what a file names
@@ -161,12 +173,27 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _split(cap: Capture) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str]]:
+CAPTURES = {"Capture": Capture, "StagedCapture": StagedCapture}
+
+
+def _is_tensors(value: Any) -> bool:
+    """A per-layer tuple of tensors (None for a layer without one), as a StagedCapture holds them."""
+    return (isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value)
+            and all(v is None or isinstance(v, torch.Tensor) for v in value))
+
+
+def _split(cap: Capture | StagedCapture) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str]]:
     """(tensor and array fields as arrays, other fields as JSON-ready values, each array's kind: torch/numpy)."""
     arrays, values, kinds = {}, {}, {}
-    for f in dataclasses.fields(Capture):
+    for f in dataclasses.fields(cap):
         value = getattr(cap, f.name)
-        if isinstance(value, (torch.Tensor, np.ndarray)):
+        if _is_tensors(value):  # name.0, name.1, …; the None layers are named in the meta
+            values[f.name] = {"__tensors__": len(value), "none": [i for i, v in enumerate(value) if v is None]}
+            for i, v in enumerate(value):
+                if v is not None:
+                    arrays[f"{f.name}.{i}"] = v.detach().cpu().contiguous().numpy()
+                    kinds[f"{f.name}.{i}"] = "torch"
+        elif isinstance(value, (torch.Tensor, np.ndarray)):
             if f.name in EXTRA_ARRAYS:
                 raise TypeError(f"Capture field {f.name!r} clashes with an export array of the same name")
             is_tensor = isinstance(value, torch.Tensor)
@@ -215,7 +242,11 @@ def _layers(cap: Capture, dtype: np.dtype) -> Iterator[np.ndarray]:
             del current
 
 
-def _write_attention(zf: zipfile.ZipFile, cap: Capture, dtype: np.dtype) -> None:
+def _write_attention(zf: zipfile.ZipFile, cap: Capture | StagedCapture, dtype: np.dtype) -> None:
+    if isinstance(cap, StagedCapture):  # one (H, Nq, Nk) array per layer: the layers differ in size
+        for layer, weights in enumerate(_layers(cap, dtype)):
+            _write_array(zf, f"attention.{layer}", weights)
+        return
     n = cap.num_tokens
     shape = (cap.num_layers, cap.num_heads, n, n)
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -246,9 +277,6 @@ def save_capture(
         labels: the classifier's class names, stored as ``labels`` (C,) beside ``output``.
         extra: more arrays to store as they are (e.g. the CLI's ``rollout``).
     """
-    if getattr(cap, "stages", None):
-        raise ModelError("save_capture writes captures with one token grid throughout; this one has stages "
-                         "(a StagedCapture), which attnviz cannot write to a file yet.")
     meta = _export_meta(cap, format, dtype, about)
     path = Path(path)
     with atomic.replacing(path) as f:  # a failed or interrupted export leaves no half-written .npz
@@ -279,16 +307,21 @@ def _export_meta(cap: Capture, format: str, dtype: str, about: dict | None) -> d
     if format == "qk" and dtype != "float32":
         raise ValueError("float16 applies to the full attention only; the queries and keys stay float32")
     arrays, values, kinds = _split(cap)
+    if isinstance(cap, StagedCapture):
+        where = {"arrays": [f"attention.{i}" for i in range(cap.num_layers)],
+                 "shapes": [[lay.num_heads, lay.num_tokens, lay.num_keys] for lay in cap.layouts]}
+    else:
+        where = {"array": "attention", "shape": [cap.num_layers, cap.num_heads, cap.num_tokens, cap.num_tokens]}
     meta = {
         "attnviz_export": VERSION,
         "format": format,
         "attention": None if format == "qk" else {
-            "array": "attention", "shape": [cap.num_layers, cap.num_heads, cap.num_tokens, cap.num_tokens],
+            **where,
             "dtype": dtype,
             "precision": "float32 softmax of float64 logits (within ~2e-6 of float64)" if dtype == "float32"
             else "rounded to float16: relative error ≤ 2⁻¹¹ ≈ 4.9e-4 of each weight (absolute ≤ 4.9e-4)",
         },
-        "capture": {"values": values, "tensors": {
+        "capture": {"type": type(cap).__name__, "values": values, "tensors": {
             k: {"dtype": str(a.dtype), "shape": list(a.shape), "kind": kinds[k]} for k, a in arrays.items()}},
         **(about or {}),
     }
@@ -302,9 +335,9 @@ def _write(target, cap: Capture, meta: dict, format: str, dtype: str, labels, ex
         _write_array(zf, "meta", np.array(json.dumps(meta, ensure_ascii=False, indent=1)))
         for name, array in arrays.items():
             _write_array(zf, name, array)
-        # for readers with NumPy alone: the token layout as arrays too
-        _write_array(zf, "grid", np.array(cap.grid))
-        _write_array(zf, "num_prefix_tokens", np.array(cap.num_prefix_tokens))
+        if isinstance(cap, Capture):  # for readers with NumPy alone: the token layout as arrays too
+            _write_array(zf, "grid", np.array(cap.grid))
+            _write_array(zf, "num_prefix_tokens", np.array(cap.num_prefix_tokens))
         if labels is not None:
             _write_array(zf, "labels", np.array(labels))
         for name, array in (extra or {}).items():
@@ -340,14 +373,22 @@ def _meta(z, path) -> dict:
     return meta
 
 
-def load_capture(path: str | Path, device: str | torch.device = "cpu") -> Capture:
-    """The :class:`Capture` saved in an attnviz export (either format); its weights equal the original's."""
+def load_capture(path: str | Path, device: str | torch.device = "cpu") -> Capture | StagedCapture:
+    """The capture saved in an attnviz export (either format; a :class:`~attnviz.stages.StagedCapture` for
+    a model with stages); its weights equal the original's."""
     with _open(path) as z:
         meta = _meta(z, path)
         stored = meta["capture"]
+        kind = CAPTURES.get(stored.get("type", "Capture"))
+        if kind is None:
+            raise ExportError(f"{Path(path).name} holds a {stored['type']}, which this attnviz does not know.")
         kwargs = {}
-        for f in dataclasses.fields(Capture):
-            if f.name in stored["tensors"]:
+        for f in dataclasses.fields(kind):
+            value = stored["values"].get(f.name)
+            if isinstance(value, dict) and "__tensors__" in value:
+                kwargs[f.name] = tuple(None if i in value["none"] else torch.from_numpy(z[f"{f.name}.{i}"]).to(device)
+                                       for i in range(value["__tensors__"]))
+            elif f.name in stored["tensors"]:
                 array = z[f.name]
                 numpy_field = stored["tensors"][f.name].get("kind") == "numpy"
                 kwargs[f.name] = array if numpy_field else torch.from_numpy(array).to(device)
@@ -356,4 +397,4 @@ def load_capture(path: str | Path, device: str | torch.device = "cpu") -> Captur
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ExportError(
                     f"{Path(path).name} lacks the capture's {f.name!r}; it was written by another version.")
-    return Capture(**kwargs)
+    return kind(**kwargs)

@@ -154,25 +154,61 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
             page.close()
 
 
-def test_export_of_a_swin_says_in_one_line_that_it_cannot_write_stages_yet(swin_folder, tmp_path):
-    """Not written yet (issue #22): one line and exit code 2, no traceback, no file."""
+def _export(swin_folder, out, *options):
     import subprocess
     import sys
 
     from conftest import ASSETS, ROOT
 
-    out = tmp_path / "out"
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "attnviz", "export", str(ASSETS / "cat.jpg"), "--out", str(out), "--quiet",
-         "--model", ARCH, "--checkpoint", str(swin_folder / f"{ARCH}--random.safetensors"), "--device", "cpu"],
+         "--model", ARCH, "--checkpoint", str(swin_folder / f"{ARCH}--random.safetensors"), "--device", "cpu",
+         *options],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
-    assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == [
-        f"error: {ARCH} ({ARCH}--random.safetensors) has stages with a different token grid each, which attnviz "
-        "export cannot write yet; read it in Python with attnviz.capture, which gives a StagedCapture. "
-        "Nothing was exported."]
-    assert not out.exists() or not any(out.iterdir())
+
+
+def test_export_of_a_swin_writes_its_stages_and_reads_back_the_same_weights(swin_folder, tmp_path):
+    """``attnviz export`` of a staged model: per-layer queries and keys (qk) or weights (full), the layouts in
+    the meta; load_capture gives a StagedCapture whose every weight equals a fresh capture's."""
+    from conftest import ASSETS
+    from PIL import Image
+
+    from attnviz.export import load_capture, read_meta
+    from attnviz.stages import StagedCapture
+
+    out = tmp_path / "out"
+    run = _export(swin_folder, out, "--format", "full", "--gif")
+    assert run.returncode == 0, run.stderr
+    saved = load_capture(out / "cat.npz")
+    assert isinstance(saved, StagedCapture) and saved.stages == ((0, 1), (2, 3), (4, 5, 6, 7, 8, 9), (10, 11))
+    model = attnviz.load_model(ARCH, 224, checkpoint=swin_folder / f"{ARCH}--random.safetensors")
+    fresh = attnviz.capture(model, Image.open(ASSETS / "cat.jpg"))
+    meta = read_meta(out / "cat.npz")
+    assert meta["capture"]["type"] == "StagedCapture"
+    assert meta["attention"]["shapes"][0] == [3, 3136, 3136] and meta["attention"]["shapes"][-1] == [24, 49, 49]
+    with np.load(out / "cat.npz") as z:
+        for layer in (0, 1, 11):  # stage 1 unshifted and shifted, stage 4
+            expected = fresh.layer_weights(layer)
+            assert torch.equal(saved.layer_weights(layer), expected)
+            np.testing.assert_allclose(z[f"attention.{layer}"], expected.numpy(), atol=1e-7)
+            assert torch.equal(saved.layout(layer).windows, fresh.layout(layer).windows)
+    assert saved.layout(1).shift == (3, 3) and saved.layout(1).grid == (56, 56)
+    assert (out / "cat_overlay.png").is_file() and (out / "cat_layers.gif").is_file()
+    with Image.open(out / "cat_layers.gif") as gif:
+        assert gif.n_frames == 12  # one per (stage, block)
+
+
+def test_export_of_a_swin_says_in_one_line_what_needs_one_grid(swin_folder, tmp_path):
+    """--html and --rollout need one token grid throughout: one line, exit code 2, nothing written."""
+    for option, says in (("--html", "so --html cannot write it yet (the .npz, the overlay and --gif can)."),
+                         ("--rollout", "--rollout is not defined for it.")):
+        out = tmp_path / option.strip("-")
+        run = _export(swin_folder, out, option)
+        assert run.returncode == 2 and "Traceback" not in run.stderr
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0].endswith(f"{says} Nothing was exported."), errors
+        assert not out.exists() or not any(out.iterdir())
 
 
 def test_the_dataset_command_on_a_swin_says_in_one_line_that_it_cannot_yet(swin_folder, tmp_path):
