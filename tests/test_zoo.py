@@ -25,6 +25,11 @@ def check(result) -> None:
 
 
 SMALL_SWIN = {"depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
+# A conv stage, then windows of 7 on a 28 grid (16 windows), a 14 grid (4) and one 7 × 7 window.
+SMALL_TINY_VIT = {"embed_dims": (16, 32, 48, 64), "depths": (1, 2, 1, 1), "num_heads": (1, 2, 3, 2),
+                  "window_sizes": (7, 7, 7, 7)}
+# Windows of 7 on a 14 grid (4 windows), then one 7 × 7 window, then one 4 × 4.
+SMALL_EFFICIENTVIT = {"embed_dim": (16, 32, 48), "key_dim": (4, 8, 8), "depth": (1, 2, 1), "num_heads": (2, 2, 3)}
 
 
 # ---- fast: small builds of a few families --------------------------------------------------------
@@ -36,6 +41,9 @@ SMALL_SWIN = {"depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
     ("beit", "beitv2_base_patch16_224", {"depth": 2, "img_size": 64, "embed_dim": 64, "num_heads": 4}, 64),
     ("swin_transformer", "swin_tiny_patch4_window7_224", SMALL_SWIN | {"img_size": 112}, 112),
     ("swin_transformer_v2", "swinv2_tiny_window8_256", SMALL_SWIN | {"img_size": 128}, 128),
+    ("tiny_vit", "tiny_vit_5m_224", SMALL_TINY_VIT, 224),
+    ("tiny_vit", "tiny_vit_5m_224", SMALL_TINY_VIT | {"window_sizes": (7, 7, 14, 7)}, 224),  # one 14 × 14 window
+    ("efficientvit_msra", "efficientvit_m0", SMALL_EFFICIENTVIT, 224),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)
@@ -88,6 +96,109 @@ def test_swin_layers_are_stage_and_block_with_their_own_grid_and_windows():
     received = full.mean(0).sum(0) / 49  # each key's column: T queries of its window
     np.testing.assert_allclose(cap.summary_map(1, "mean").reshape(-1), received.numpy(), atol=1e-6)
     assert cap.summary == "mean_received" and not cap.has_class_token
+
+
+def own_partition(block, attention, grid: tuple[int, int], channels_last: bool):
+    """(W, T): the token each window row holds when ``block`` (a TinyViT block or EfficientViT's
+    LocalWindowAttention) partitions a grid whose channel 0 is the token index, read at the input of
+    its ``attention`` module: the model's own window partition, not attnviz's."""
+    import torch
+
+    seen = []
+    hook = attention.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    index = torch.arange(grid[0] * grid[1], dtype=torch.float32).reshape(1, *grid)
+    x = torch.zeros(1, *grid, block.dim) if channels_last else torch.zeros(1, block.dim, *grid)
+    if channels_last:
+        x[..., 0] = index
+    else:
+        x[:, 0] = index
+    try:
+        with torch.no_grad():
+            block(x)
+    finally:
+        hook.remove()
+    windows = seen[0]
+    rows = windows[..., 0] if channels_last else windows[:, 0].flatten(1)  # (W, T) either way
+    return rows.round().long()
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("tiny_vit_5m_224", {}), ("tiny_vit_5m_224", SMALL_TINY_VIT),
+    ("efficientvit_m0", {}), ("efficientvit_m0", SMALL_EFFICIENTVIT),
+])
+def test_learned_bias_windows_are_the_models_own_partition(name, kwargs):
+    import timm
+
+    import attnviz
+
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    model = attnviz.wrap(network, name, "random init", 224)
+    adapter = model.adapter
+    for layer, (lay, attention, block) in enumerate(zip(adapter.layouts, adapter.attentions, adapter.blocks)):
+        tiny = name.startswith("tiny_vit")
+        mixer = block if tiny else block.mixer.m
+        windows = own_partition(mixer, attention, lay.grid, channels_last=tiny)
+        assert lay.windows.tolist() == windows.tolist(), layer
+        assert lay.key_windows is None and lay.prefix == 0 and lay.shift == (0, 0)
+        assert lay.num_windows * lay.windows.shape[1] == lay.num_tokens  # every token in exactly one window
+        bias = adapter.window_bias[layer]  # (1, H, T, T): the module's table at its offsets
+        assert bias.shape == (1, lay.num_heads, *lay.windows.shape[1:], lay.windows.shape[1])
+    grids = [lay.grid for lay in adapter.layouts]
+    if name.startswith("tiny_vit") and not kwargs:  # the conv stage has no layers; 14 × 14 is one window
+        assert grids == [(28, 28)] * 2 + [(14, 14)] * 6 + [(7, 7)] * 2
+        assert [lay.num_windows for lay in adapter.layouts] == [16] * 2 + [1] * 6 + [1] * 2
+        assert [lay.stage for lay in adapter.layouts] == [0] * 2 + [1] * 6 + [2] * 2
+    if name.startswith("efficientvit") and not kwargs:
+        assert grids == [(14, 14)] + [(7, 7)] * 2 + [(4, 4)] * 3
+        assert [lay.num_windows for lay in adapter.layouts] == [4, 1, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("name, kwargs, size, sentence", [
+    ("tiny_vit_5m_224", {}, 256, "At 256 px, stage 2 of TinyVit has a 32 × 32 token grid that does not divide "
+     "into 7 × 7 windows, so the model pads it with tokens that are not in the photo; attnviz refuses that size "
+     "rather than show them (use a size where every stage divides)."),
+    ("tiny_vit_5m_224", {}, 240, "The input size must be a multiple of TinyVit's 32 px token size at its last "
+     "stage; 240 px is not."),
+    ("efficientvit_m0", {"img_size": 256}, 256, "At 256 px, stage 1 of EfficientVitMsra has a 16 × 16 token grid "
+     "that does not divide into 7 × 7 windows, so the model pads it with tokens that are not in the photo; "
+     "attnviz refuses that size rather than show them (use a size where every stage divides)."),
+    ("efficientvit_m0", {}, 448, "EfficientVitMsra was built for 224 px inputs, not 448 px; build it with "
+     "img_size=448 (or dynamic_img_size=True)."),
+])
+def test_learned_bias_windows_refuse_padding(name, kwargs, size, sentence):
+    import timm
+
+    import attnviz
+    from attnviz import ModelError
+
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(network, name, "random init", size)
+    assert str(error.value) == sentence
+    assert one_sentence(sentence)
+
+
+@pytest.mark.parametrize("module, name, kwargs, size", [
+    ("tiny_vit", "tiny_vit_5m_224", SMALL_TINY_VIT, 224),
+    ("efficientvit_msra", "efficientvit_m0", SMALL_EFFICIENTVIT, 224),
+])
+def test_learned_bias_is_part_of_the_weights(module, name, kwargs, size, monkeypatch):
+    """The walk is not blind to the bias: the capture without it is off by far more than the tolerance."""
+    import tests.zoo as zoo
+
+    real = zoo.as_layers
+    missed = []
+
+    def without_bias(reference, cap):
+        import dataclasses
+        bare = dataclasses.replace(cap, bias=(None,) * cap.num_layers)
+        layers = real(reference, cap)
+        missed.append(zoo.max_difference(bare, layers))
+        return layers
+
+    monkeypatch.setattr(zoo, "as_layers", without_bias)
+    result = zoo.walk_one(module, name, kwargs, size)
+    assert result.exact and missed[0] > 0.05, (result, missed)
 
 
 @pytest.mark.parametrize("module, name, kwargs, sentence", [

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import timm
 import torch
 import torch.nn.functional as F
+from timm.models.efficientvit_msra import CascadedGroupAttention
+from timm.models.tiny_vit import Attention as TinyVitAttention
 
 import attnviz
 from attnviz import ModelError
@@ -116,8 +118,11 @@ QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj"}
 @torch.no_grad()
 def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
     """Scale every query and key projection (``qkv``'s q and k rows, ``q``/``k``, ``kv``'s k rows) by ``factor``."""
+    handled = per_head_peak(network, factor)
     for name, module in network.named_modules():
         leaf = name.rsplit(".", 1)[-1]
+        if module in handled:
+            continue
         weight = getattr(module, "weight", None)
         if leaf in {"qkv", "kv", *QK_NAMES} and weight is None:
             inner = [m for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
@@ -134,6 +139,26 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
         gamma = getattr(module, "gamma", None)
         if isinstance(gamma, torch.nn.Parameter) and gamma.ndim == 1:
             gamma.fill_(1.0)
+
+
+def per_head_peak(network: torch.nn.Module, factor: float) -> set[torch.nn.Module]:
+    """Families whose q/k/v rows are grouped per head, [q (key_dim), k (key_dim), v] for each head (where
+    "the first two thirds" would scale some heads' v and miss others' k): TinyViT's ``qkv`` and EfficientViT
+    (MSRA)'s ``qkvs`` (one 1 × 1 convolution per head). Their learned attention bias (zero when built) is
+    made random, so the walk checks it too. Returns the projections handled here."""
+    handled = set()
+    for module in network.modules():
+        if isinstance(module, TinyVitAttention):
+            module.qkv.weight.view(module.num_heads, -1, module.qkv.in_features)[:, : 2 * module.key_dim] *= factor
+            handled.add(module.qkv)
+        elif isinstance(module, CascadedGroupAttention):
+            for qkv in module.qkvs:
+                qkv.conv.weight[: 2 * module.key_dim] *= factor
+        else:
+            continue
+        module.attention_biases.copy_(2 * torch.randn_like(module.attention_biases))
+        module.attention_bias_cache = {}
+    return handled
 
 
 @contextmanager
@@ -184,7 +209,20 @@ def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor) -> list[torch.Ten
     seen: list[torch.Tensor] = []
     with torch.no_grad(), recorded_softmax(seen):
         twin(x)
-    return seen
+    return stacked_heads(twin, seen)
+
+
+def stacked_heads(network: torch.nn.Module, seen: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One softmax per layer. EfficientViT (MSRA)'s cascaded group attention takes one softmax per head,
+    (W, T, T) each, head after head (each head's input is the previous head's output): a layer's weights
+    are its heads' softmaxes stacked, (W, H, T, T). Every other family already takes one per layer."""
+    cascaded = [m for m in network.modules() if isinstance(m, CascadedGroupAttention)]  # in forward order
+    if not cascaded:
+        return seen
+    heads = [len(m.qkvs) for m in cascaded]
+    assert sum(heads) == len(seen), f"{len(seen)} softmaxes for {sum(heads)} heads"
+    starts = [sum(heads[:i]) for i in range(len(heads))]
+    return [torch.stack(seen[a:a + h], 1) for a, h in zip(starts, heads)]
 
 
 def as_layers(reference: list[torch.Tensor], cap) -> list[torch.Tensor]:
