@@ -55,7 +55,7 @@ FAMILIES: dict[str, tuple[str, bool]] = {
     "tnt": ("TNT", True),
     "volo": ("VOLO", True),
     "davit": ("DaViT", True),
-    "coat": ("CoaT", True),
+    "coat": ("CoaT", False),  # factorized attention: no token-to-token weights (refusals.py)
     "gcvit": ("GC ViT", True),
     "maxxvit": ("MaxViT / CoAtNet", True),
     "fastvit": ("FastViT", True),

@@ -48,8 +48,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "volo": Missing("outlook attention (a local, convolution-like weighting) before its class-attention "
                            "layers"),
     TIMM + "davit": Missing("window attention alternating with attention between channels"),
-    TIMM + "coat": Missing("factorized attention (a softmax over keys applied to channels) with convolutional "
-                           "position encodings"),
     TIMM + "gcvit": Missing("window attention with global queries made by a convolutional path"),
     TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
     TIMM + "nextvit": Missing("attention over spatially reduced keys between convolution blocks"),
@@ -65,6 +63,10 @@ FAMILIES: dict[str, Missing] = {
                               without="convolutions"),
     TIMM + "efficientvit_mit": Missing(mixing="ReLU linear attention, which has no softmax between tokens"),
     TIMM + "swiftformer": Missing(mixing="additive attention, which has no softmax between tokens"),
+    # CoaT's factorized attention: softmax(K) over the tokens, then q · (softmax(K)ᵀ V), a channels × channels
+    # product: no query ever gets a weight on another token (Xu et al. 2021, eq. 2)
+    TIMM + "coat": Missing(mixing="factorized attention, a softmax of the keys over the tokens applied to the "
+                                  "channels, which gives no weight between two tokens"),
     TIMM + "convnext": Missing(mixing="convolutions"),
     TIMM + "focalnet": Missing(mixing="focal modulation"),
     TIMM + "mambaout": Missing(mixing="gated convolutions"),
