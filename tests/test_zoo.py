@@ -25,6 +25,8 @@ def check(result) -> None:
 
 
 SMALL_SWIN = {"depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
+# thin convolutional stages, then two Meta3D blocks as wide as efficientformer_l7's (so peaked logits are peaked)
+SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768), "num_vit": 2}
 
 
 # ---- fast: small builds of a few families --------------------------------------------------------
@@ -36,6 +38,9 @@ SMALL_SWIN = {"depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
     ("beit", "beitv2_base_patch16_224", {"depth": 2, "img_size": 64, "embed_dim": 64, "num_heads": 4}, 64),
     ("swin_transformer", "swin_tiny_patch4_window7_224", SMALL_SWIN | {"img_size": 112}, 112),
     ("swin_transformer_v2", "swinv2_tiny_window8_256", SMALL_SWIN | {"img_size": 128}, 128),
+    ("efficientformer", "efficientformer_l1", SMALL_EFFICIENTFORMER, 224),
+    ("visformer", "visformer_tiny", {"depth": (1, 2, 1)}, 224),
+    ("shvit", "shvit_s1", {"depth": (1, 2, 1)}, 224),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)
@@ -88,6 +93,115 @@ def test_swin_layers_are_stage_and_block_with_their_own_grid_and_windows():
     received = full.mean(0).sum(0) / 49  # each key's column: T queries of its window
     np.testing.assert_allclose(cap.summary_map(1, "mean").reshape(-1), received.numpy(), atol=1e-6)
     assert cap.summary == "mean_received" and not cap.has_class_token
+
+
+def global_capture(name: str, kwargs: dict, size: int = 224):
+    """A small random build, captured, with what each attention module saw: its input's token grid (h, w)
+    and the output of its ``qkv``."""
+    import timm
+    import torch
+
+    import attnviz
+    from attnviz.capture import capture_tensor
+
+    torch.manual_seed(0)
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    model = attnviz.wrap(network, name, "random init", size)
+    seen = []
+    hooks = []
+    for attn in model.adapter.attentions:
+        record = {}
+        seen.append(record)
+        hooks.append(attn.register_forward_pre_hook(lambda m, a, r=record: r.update(input=a[0])))
+        hooks.append(attn.qkv.register_forward_hook(lambda m, a, out, r=record: r.update(qkv=out)))
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(model, x)
+    for hook in hooks:
+        hook.remove()
+    return network, model, cap, seen
+
+
+def test_efficientformer_layers_are_its_meta3d_blocks_over_the_flattened_last_grid():
+    import torch
+    from timm.models.efficientformer import Flat, MetaBlock1d
+
+    network, model, cap, seen = global_capture("efficientformer_l1", SMALL_EFFICIENTFORMER)
+    meta3d = [b.token_mixer for b in network.stages[3].blocks if isinstance(b, MetaBlock1d)]
+    assert cap.num_layers == 2 and list(model.adapter.attentions) == meta3d
+    assert [cap.layout(layer).block for layer in range(2)] == [0, 1]
+    lay = cap.layout(0)
+    assert lay.grid == (7, 7) and lay.num_windows == 1 and lay.stage == 3
+    # the model's own Flat on a grid that holds each cell's raster index: token t is cell windows[0, t]
+    grid = torch.arange(49.0).reshape(1, 1, 7, 7)
+    assert Flat()(grid)[0, :, 0].long().tolist() == lay.windows[0].tolist() == list(range(49))
+    # q of head h at token t: the first d_k of head h's slice of qkv (per head: q, k, v), as timm splits it
+    attn, qkv = model.adapter.attentions[0], seen[0]["qkv"][0]  # (N, H · (2 d_k + d_v))
+    per_head = 2 * attn.key_dim + attn.val_dim
+    for h in (0, attn.num_heads - 1):
+        torch.testing.assert_close(cap.query[0][h, 0], qkv[:, h * per_head:h * per_head + attn.key_dim], rtol=0, atol=0)
+        torch.testing.assert_close(cap.key[0][h, 0], qkv[:, h * per_head + attn.key_dim:h * per_head + 2 * attn.key_dim],
+                                   rtol=0, atol=0)
+    # the bias is the table entry of |Δrow| · 7 + |Δcol| (a plain loop over two cells)
+    bias = cap.bias[0][0]  # (H, N, N)
+    i, j = 3 * 7 + 5, 6 * 7 + 1  # cells (3, 5) and (6, 1)
+    assert bias[2, i, j] == attn.attention_biases[2, 3 * 7 + 4]
+    # rows sum to one over all 49 keys (global attention)
+    torch.testing.assert_close(cap.layer_weights(1).sum(-1), torch.ones(attn.num_heads, 49))
+
+
+def test_efficientformer_takes_only_the_size_of_its_bias_table():
+    from tests.zoo import walk_one as walk
+
+    result = walk("efficientformer", "efficientformer_l1", SMALL_EFFICIENTFORMER, 256)
+    assert result.status == "refused" and one_sentence(result.detail)
+    assert result.detail == ("EfficientFormer's attention bias is a learned table for a 7 × 7 token grid, so it "
+                             "takes only 224 px inputs, not 256.")
+
+
+@pytest.mark.parametrize("name, kwargs, grids, heads", [
+    ("visformer_tiny", {"depth": (1, 2, 1)}, [(14, 14), (14, 14), (7, 7)], 3),
+    ("shvit_s1", {"depth": (1, 2, 1)}, [(7, 7), (7, 7), (4, 4)], 1),
+])
+def test_conv_stage_layers_read_their_feature_map_in_raster_order(name, kwargs, grids, heads):
+    """Visformer and SHViT attend over a (1, C, h, w) feature map: token i · w + j is cell (i, j), in q, k
+    (channels of ``qkv``'s output at that cell) and in the block's output norms."""
+    import torch
+
+    network, model, cap, seen = global_capture(name, kwargs)
+    assert [cap.grid(layer) for layer in range(cap.num_layers)] == grids
+    assert [cap.num_heads(layer) for layer in range(cap.num_layers)] == [heads] * len(grids)
+    for layer, record in enumerate(seen):
+        lay = cap.layout(layer)
+        h, w = record["input"].shape[-2:]  # the feature map the attention module is called on
+        assert lay.grid == (h, w) and lay.num_windows == 1
+        assert lay.windows[0].tolist() == [i * w + j for i in range(h) for j in range(w)]
+        qkv = record["qkv"][0]  # (channels, h, w)
+        d = lay.head_dim
+        for i, j in ((0, 0), (0, w - 1), (h - 1, 1)):
+            for head in range(heads):
+                # Visformer: channels (3, H, d_k); SHViT: q (d_qk), k (d_qk), v along the channels
+                q_rows = slice(head * d, (head + 1) * d)
+                k_rows = slice((heads + head) * d, (heads + head + 1) * d)
+                assert torch.equal(cap.query[layer][head, 0, i * w + j], qkv[q_rows, i, j])
+                assert torch.equal(cap.key[layer][head, 0, i * w + j], qkv[k_rows, i, j])
+    # the block output's norms, cell (i, j) at token i · w + j
+    out = {}
+    block = model.adapter.blocks[-1]
+    hook = block.register_forward_hook(lambda m, a, o: out.update(x=o))
+    from attnviz.capture import capture_tensor
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(model, x)
+    hook.remove()
+    h, w = out["x"].shape[-2:]
+    torch.testing.assert_close(cap.token_norms[-1][(h - 1) * w + 2], out["x"][0, :, h - 1, 2].norm())
+
+
+def test_shvit_takes_multiples_of_its_stem():
+    from tests.zoo import walk_one as walk
+
+    result = walk("shvit", "shvit_s1", {"depth": (1, 1, 1)}, 200)
+    assert result.status == "refused" and one_sentence(result.detail)
+    assert result.detail == "The input size must be a multiple of SHViT's 16 px stem; 200 px is not."
 
 
 @pytest.mark.parametrize("module, name, kwargs, sentence", [

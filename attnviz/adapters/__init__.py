@@ -17,6 +17,9 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm relative position | :mod:`.timm_relpos` | ``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) |
 | timm BEiT | :mod:`.timm_beit` | ``beit.Attention`` (BEiT, BEiT v2; per-layer and shared relative position bias) |
 | timm Swin | :mod:`.timm_swin` | Swin ``WindowAttention``, Swin V2's (cosine attention, continuous position bias): stages |
+| timm EfficientFormer | :mod:`.timm_efficientformer` | ``efficientformer.Attention`` in Meta3D blocks: global attention with a learned bias over the last stage's grid |
+| timm Visformer | :mod:`.timm_visformer` | ``visformer.Attention``: global attention on the feature maps of two stages (1 × 1 convolution ``qkv``) |
+| timm SHViT | :mod:`.timm_shvit` | ``SHSA``: single-head global attention on the first ``pdim`` channels of each stage's feature map |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
