@@ -116,8 +116,13 @@ QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj"}
 @torch.no_grad()
 def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
     """Scale every query and key projection (``qkv``'s q and k rows, ``q``/``k``, ``kv``'s k rows) by ``factor``."""
+    per_head = per_head_qkv(network)
     for name, module in network.named_modules():
         leaf = name.rsplit(".", 1)[-1]
+        if module in per_head:
+            heads, key_dim = per_head[module]
+            module.weight.view(heads, -1, module.weight.shape[-1])[:, : 2 * key_dim] *= factor  # (H, 2 d_k + d_v, C)
+            continue
         weight = getattr(module, "weight", None)
         if leaf in {"qkv", "kv", *QK_NAMES} and weight is None:
             inner = [m for m in module.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
@@ -134,6 +139,15 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
         gamma = getattr(module, "gamma", None)
         if isinstance(gamma, torch.nn.Parameter) and gamma.ndim == 1:
             gamma.fill_(1.0)
+
+
+def per_head_qkv(network: torch.nn.Module) -> dict[torch.nn.Module, tuple[int, int]]:
+    """The ``qkv`` Linears whose rows are per head [q (d_k) | k (d_k) | v (d_v)] rather than [q | k | v]
+    (EfficientFormer's ``Attention`` reshapes qkv to (B, N, H, −1) and splits each head's slice): their q
+    and k rows are every head's first 2 d_k, so peak() scales those, not the first two thirds."""
+    from timm.models.efficientformer import Attention as EfficientFormerAttention
+
+    return {m.qkv: (m.num_heads, m.key_dim) for m in network.modules() if type(m) is EfficientFormerAttention}
 
 
 @contextmanager
