@@ -30,6 +30,8 @@ SMALL_TINY_VIT = {"embed_dims": (16, 32, 48, 64), "depths": (1, 2, 1, 1), "num_h
                   "window_sizes": (7, 7, 7, 7)}
 # Windows of 7 on a 14 grid (4 windows), then one 7 × 7 window, then one 4 × 4.
 SMALL_EFFICIENTVIT = {"embed_dim": (16, 32, 48), "key_dim": (4, 8, 8), "depth": (1, 2, 1), "num_heads": (2, 2, 3)}
+# thin convolutional stages, then two Meta3D blocks as wide as efficientformer_l7's (so peaked logits are peaked)
+SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768), "num_vit": 2}
 
 
 # ---- fast: small builds of a few families --------------------------------------------------------
@@ -44,6 +46,9 @@ SMALL_EFFICIENTVIT = {"embed_dim": (16, 32, 48), "key_dim": (4, 8, 8), "depth": 
     ("tiny_vit", "tiny_vit_5m_224", SMALL_TINY_VIT, 224),
     ("tiny_vit", "tiny_vit_5m_224", SMALL_TINY_VIT | {"window_sizes": (7, 7, 14, 7)}, 224),  # one 14 × 14 window
     ("efficientvit_msra", "efficientvit_m0", SMALL_EFFICIENTVIT, 224),
+    ("efficientformer", "efficientformer_l1", SMALL_EFFICIENTFORMER, 224),
+    ("visformer", "visformer_tiny", {"depth": (1, 2, 1)}, 224),
+    ("shvit", "shvit_s1", {"depth": (1, 2, 1)}, 224),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)
@@ -199,6 +204,113 @@ def test_learned_bias_is_part_of_the_weights(module, name, kwargs, size, monkeyp
     monkeypatch.setattr(zoo, "as_layers", without_bias)
     result = zoo.walk_one(module, name, kwargs, size)
     assert result.exact and missed[0] > 0.05, (result, missed)
+def global_capture(name: str, kwargs: dict, size: int = 224):
+    """A small random build, captured, with what each attention module saw: its input's token grid (h, w)
+    and the output of its ``qkv``."""
+    import timm
+    import torch
+
+    import attnviz
+    from attnviz.capture import capture_tensor
+
+    torch.manual_seed(0)
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    model = attnviz.wrap(network, name, "random init", size)
+    seen = []
+    hooks = []
+    for attn in model.adapter.attentions:
+        record = {}
+        seen.append(record)
+        hooks.append(attn.register_forward_pre_hook(lambda m, a, r=record: r.update(input=a[0])))
+        hooks.append(attn.qkv.register_forward_hook(lambda m, a, out, r=record: r.update(qkv=out)))
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(model, x)
+    for hook in hooks:
+        hook.remove()
+    return network, model, cap, seen
+
+
+def test_efficientformer_layers_are_its_meta3d_blocks_over_the_flattened_last_grid():
+    import torch
+    from timm.models.efficientformer import Flat, MetaBlock1d
+
+    network, model, cap, seen = global_capture("efficientformer_l1", SMALL_EFFICIENTFORMER)
+    meta3d = [b.token_mixer for b in network.stages[3].blocks if isinstance(b, MetaBlock1d)]
+    assert cap.num_layers == 2 and list(model.adapter.attentions) == meta3d
+    assert [cap.layout(layer).block for layer in range(2)] == [0, 1]
+    lay = cap.layout(0)
+    assert lay.grid == (7, 7) and lay.num_windows == 1 and lay.stage == 3
+    # the model's own Flat on a grid that holds each cell's raster index: token t is cell windows[0, t]
+    grid = torch.arange(49.0).reshape(1, 1, 7, 7)
+    assert Flat()(grid)[0, :, 0].long().tolist() == lay.windows[0].tolist() == list(range(49))
+    # q of head h at token t: the first d_k of head h's slice of qkv (per head: q, k, v), as timm splits it
+    attn, qkv = model.adapter.attentions[0], seen[0]["qkv"][0]  # (N, H · (2 d_k + d_v))
+    per_head = 2 * attn.key_dim + attn.val_dim
+    for h in (0, attn.num_heads - 1):
+        torch.testing.assert_close(cap.query[0][h, 0], qkv[:, h * per_head:h * per_head + attn.key_dim], rtol=0, atol=0)
+        torch.testing.assert_close(cap.key[0][h, 0], qkv[:, h * per_head + attn.key_dim:h * per_head + 2 * attn.key_dim],
+                                   rtol=0, atol=0)
+    # the bias is the table entry of |Δrow| · 7 + |Δcol| (a plain loop over two cells)
+    bias = cap.bias[0][0]  # (H, N, N)
+    i, j = 3 * 7 + 5, 6 * 7 + 1  # cells (3, 5) and (6, 1)
+    assert bias[2, i, j] == attn.attention_biases[2, 3 * 7 + 4]
+    # rows sum to one over all 49 keys (global attention)
+    torch.testing.assert_close(cap.layer_weights(1).sum(-1), torch.ones(attn.num_heads, 49))
+
+
+def test_efficientformer_takes_only_the_size_of_its_bias_table():
+    from tests.zoo import walk_one as walk
+
+    result = walk("efficientformer", "efficientformer_l1", SMALL_EFFICIENTFORMER, 256)
+    assert result.status == "refused" and one_sentence(result.detail)
+    assert result.detail == ("EfficientFormer's attention bias is a learned table for a 7 × 7 token grid, so it "
+                             "takes only 224 px inputs, not 256.")
+
+
+@pytest.mark.parametrize("name, kwargs, grids, heads", [
+    ("visformer_tiny", {"depth": (1, 2, 1)}, [(14, 14), (14, 14), (7, 7)], 3),
+    ("shvit_s1", {"depth": (1, 2, 1)}, [(7, 7), (7, 7), (4, 4)], 1),
+])
+def test_conv_stage_layers_read_their_feature_map_in_raster_order(name, kwargs, grids, heads):
+    """Visformer and SHViT attend over a (1, C, h, w) feature map: token i · w + j is cell (i, j), in q, k
+    (channels of ``qkv``'s output at that cell) and in the block's output norms."""
+    import torch
+
+    network, model, cap, seen = global_capture(name, kwargs)
+    assert [cap.grid(layer) for layer in range(cap.num_layers)] == grids
+    assert [cap.num_heads(layer) for layer in range(cap.num_layers)] == [heads] * len(grids)
+    for layer, record in enumerate(seen):
+        lay = cap.layout(layer)
+        h, w = record["input"].shape[-2:]  # the feature map the attention module is called on
+        assert lay.grid == (h, w) and lay.num_windows == 1
+        assert lay.windows[0].tolist() == [i * w + j for i in range(h) for j in range(w)]
+        qkv = record["qkv"][0]  # (channels, h, w)
+        d = lay.head_dim
+        for i, j in ((0, 0), (0, w - 1), (h - 1, 1)):
+            for head in range(heads):
+                # Visformer: channels (3, H, d_k); SHViT: q (d_qk), k (d_qk), v along the channels
+                q_rows = slice(head * d, (head + 1) * d)
+                k_rows = slice((heads + head) * d, (heads + head + 1) * d)
+                assert torch.equal(cap.query[layer][head, 0, i * w + j], qkv[q_rows, i, j])
+                assert torch.equal(cap.key[layer][head, 0, i * w + j], qkv[k_rows, i, j])
+    # the block output's norms, cell (i, j) at token i · w + j
+    out = {}
+    block = model.adapter.blocks[-1]
+    hook = block.register_forward_hook(lambda m, a, o: out.update(x=o))
+    from attnviz.capture import capture_tensor
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    cap = capture_tensor(model, x)
+    hook.remove()
+    h, w = out["x"].shape[-2:]
+    torch.testing.assert_close(cap.token_norms[-1][(h - 1) * w + 2], out["x"][0, :, h - 1, 2].norm())
+
+
+def test_shvit_takes_multiples_of_its_stem():
+    from tests.zoo import walk_one as walk
+
+    result = walk("shvit", "shvit_s1", {"depth": (1, 1, 1)}, 200)
+    assert result.status == "refused" and one_sentence(result.detail)
+    assert result.detail == "The input size must be a multiple of SHViT's 16 px stem; 200 px is not."
 
 
 @pytest.mark.parametrize("module, name, kwargs, sentence", [

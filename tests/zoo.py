@@ -143,12 +143,15 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
 
 def per_head_peak(network: torch.nn.Module, factor: float) -> set[torch.nn.Module]:
     """Families whose q/k/v rows are grouped per head, [q (key_dim), k (key_dim), v] for each head (where
-    "the first two thirds" would scale some heads' v and miss others' k): TinyViT's ``qkv`` and EfficientViT
-    (MSRA)'s ``qkvs`` (one 1 × 1 convolution per head). Their learned attention bias (zero when built) is
-    made random, so the walk checks it too. Returns the projections handled here."""
+    "the first two thirds" would scale some heads' v and miss others' k): TinyViT's and EfficientFormer's
+    ``qkv`` (reshaped to (B, N, H, −1) and split per head) and EfficientViT (MSRA)'s ``qkvs`` (one 1 × 1
+    convolution per head). Their learned attention bias (zero when built) is made random, so the walk
+    checks it too. Returns the projections handled here."""
+    from timm.models.efficientformer import Attention as EfficientFormerAttention
+
     handled = set()
     for module in network.modules():
-        if isinstance(module, TinyVitAttention):
+        if isinstance(module, (TinyVitAttention, EfficientFormerAttention)):
             module.qkv.weight.view(module.num_heads, -1, module.qkv.in_features)[:, : 2 * module.key_dim] *= factor
             handled.add(module.qkv)
         elif isinstance(module, CascadedGroupAttention):

@@ -19,6 +19,9 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm Swin | :mod:`.timm_swin` | Swin ``WindowAttention``, Swin V2's (cosine attention, continuous position bias): stages |
 | timm TinyViT | :mod:`.timm_tiny_vit` | TinyViT ``Attention`` (windows with a learned bias after an MBConv stage): stages |
 | timm EfficientViT (MSRA) | :mod:`.timm_efficientvit_msra` | ``CascadedGroupAttention`` in ``LocalWindowAttention`` (one softmax per head, learned bias): stages |
+| timm EfficientFormer | :mod:`.timm_efficientformer` | ``efficientformer.Attention`` in Meta3D blocks: global attention with a learned bias over the last stage's grid |
+| timm Visformer | :mod:`.timm_visformer` | ``visformer.Attention``: global attention on the feature maps of two stages (1 × 1 convolution ``qkv``) |
+| timm SHViT | :mod:`.timm_shvit` | ``SHSA``: single-head global attention on the first ``pdim`` channels of each stage's feature map |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

@@ -36,7 +36,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
     TIMM + "levit": Missing("attention with a learned bias in stages that shrink the token grid"),
     TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
-    TIMM + "efficientformer": Missing("attention with a learned bias after its pooling stages"),
     TIMM + "efficientformer_v2": Missing("talking-heads attention with a learned bias after its convolutional stages"),
     TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
                            "class-attention layers"),
@@ -54,8 +53,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
     TIMM + "nest": Missing("attention inside non-overlapping blocks of patches that are merged between levels"),
     TIMM + "pvt_v2": Missing("spatial-reduction attention (keys from a downsampled grid)"),
-    TIMM + "visformer": Missing("attention stages at two resolutions after convolutional stages"),
-    TIMM + "shvit": Missing("single-head attention on a fraction of the channels after convolutional stages"),
     TIMM + "fastvit": Missing("attention in its last stage only, after RepMixer convolution stages",
                               without="RepMixer convolutions"),
     TIMM + "metaformer": Missing("attention stages after convolutional ones", without="pooling or convolutions"),
