@@ -49,6 +49,8 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("efficientformer", "efficientformer_l1", SMALL_EFFICIENTFORMER, 224),
     ("visformer", "visformer_tiny", {"depth": (1, 2, 1)}, 224),
     ("shvit", "shvit_s1", {"depth": (1, 2, 1)}, 224),
+    ("swin_transformer_v2_cr", "swinv2_cr_tiny_224", SMALL_SWIN | {"img_size": 128}, 128),
+    ("nest", "nest_tiny", {"img_size": 64}, 64),  # nest_tiny fixes its widths and depths: only the size is small
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)
@@ -323,6 +325,10 @@ def test_shvit_takes_multiples_of_its_stem():
      "rather than show attention weights that may be wrong."),
     ("fastvit", "fastvit_t8", {}, "FastVit has no attention between patches (it mixes them with RepMixer "
      "convolutions), so there are no attention weights to show."),
+    ("swin_transformer_v2_cr", "swinv2_cr_tiny_224", SMALL_SWIN | {"window_size": 8}, "At 224 px, stage 2 of "
+     "SwinTransformerV2Cr has a 28 × 28 token grid that does not divide into 8 × 8 windows, so the model pads it "
+     "with tokens that are not in the photo; attnviz refuses that size rather than show them (use a size where "
+     "every stage divides)."),
 ])
 def test_refusals_name_what_the_model_has(module, name, kwargs, sentence):
     result = walk_one(module, name, kwargs, 224)

@@ -250,6 +250,25 @@ def as_layers(reference: list[torch.Tensor], cap) -> list[torch.Tensor]:
     return out
 
 
+def nest_blocks_first(softmax: torch.Tensor) -> torch.Tensor:
+    """NesT's ``Attention`` attends inside image blocks with an extra axis: its softmax is
+    (B, H, blocks, N, N), heads before blocks; as_layers reads (windows, H, Tq, Tk), blocks first."""
+    return softmax.transpose(1, 2).flatten(0, 1) if softmax.ndim == 5 else softmax
+
+
+# Per family (timm module), how its recorded softmaxes are put into (windows, H, Tq, Tk) order, where
+# its own axis order is another. Each rule reads the family's timm source, not attnviz's code.
+REFERENCE_ORDER = {
+    "nest": nest_blocks_first,
+}
+
+
+def reference_of(module: str, network: torch.nn.Module, x: torch.Tensor, cap) -> list[torch.Tensor]:
+    order = REFERENCE_ORDER.get(module)
+    softmaxes = eager_softmaxes(network, x)
+    return as_layers([order(s) for s in softmaxes] if order else softmaxes, cap)
+
+
 def input_size(network: torch.nn.Module) -> int:
     return int(network.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
 
@@ -267,7 +286,7 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
         return Result(module, name, "refused", str(error), seconds=time.perf_counter() - start)
     x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
     cap = capture_tensor(model, x)
-    reference = as_layers(eager_softmaxes(network, x), cap)
+    reference = reference_of(module, network, x, cap)
     assert len(reference) == cap.num_layers, f"{name}: {len(reference)} eager softmaxes, {cap.num_layers} layers"
     worst = max_difference(cap, reference)
     worst64 = truth = math.nan
@@ -276,7 +295,7 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
         # layer. The same weights in float64 say whether the capture's arithmetic is the model's.
         network64, x64 = network.double(), x.double()
         cap64 = capture_tensor(attnviz.wrap(network64, name, "random init", size), x64)
-        reference64 = as_layers(eager_softmaxes(network64, x64), cap64)
+        reference64 = reference_of(module, network64, x64, cap64)
         worst64, truth = max_difference(cap64, reference64), max_difference(cap, reference64)
     return Result(module, name, "exact", model.adapter.family, worst, max(float(r.max()) for r in reference),
                   cap.num_layers, time.perf_counter() - start, worst64, truth)

@@ -22,6 +22,8 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm EfficientFormer | :mod:`.timm_efficientformer` | ``efficientformer.Attention`` in Meta3D blocks: global attention with a learned bias over the last stage's grid |
 | timm Visformer | :mod:`.timm_visformer` | ``visformer.Attention``: global attention on the feature maps of two stages (1 × 1 convolution ``qkv``) |
 | timm SHViT | :mod:`.timm_shvit` | ``SHSA``: single-head global attention on the first ``pdim`` channels of each stage's feature map |
+| timm Swin V2 (cr) | :mod:`.timm_swin_cr` | ``WindowMultiHeadAttention`` (``swinv2_cr_*``: cosine windows, meta-network bias): stages |
+| timm NesT | :mod:`.timm_nest` | NesT's ``Attention`` inside image blocks (``nest_*``): levels, each block a window |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

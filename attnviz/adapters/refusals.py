@@ -29,8 +29,6 @@ class Missing:
 
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
-    TIMM + "swin_transformer_v2_cr": Missing("cosine shifted-window attention in timm's separate Swin V2 (cr) "
-                                             "implementation, which has no adapter yet"),
     TIMM + "cait": Missing("talking-heads attention (the heads are mixed before and after the softmax)"),
     TIMM + "pit": Missing("pooling layers that change the number of tokens between its stages"),
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
@@ -51,7 +49,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
     TIMM + "nextvit": Missing("attention over spatially reduced keys between convolution blocks"),
     TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
-    TIMM + "nest": Missing("attention inside non-overlapping blocks of patches that are merged between levels"),
     TIMM + "pvt_v2": Missing("spatial-reduction attention (keys from a downsampled grid)"),
     TIMM + "fastvit": Missing("attention in its last stage only, after RepMixer convolution stages",
                               without="RepMixer convolutions"),
