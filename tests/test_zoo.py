@@ -25,6 +25,8 @@ def check(result) -> None:
 
 
 SMALL_SWIN = {"depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
+SMALL_PIT = {"depth": (1, 1, 1), "img_size": 64}  # 7 × 7, 4 × 4, 2 × 2 tokens after the class token(s)
+SMALL_CAIT = {"depth": 2, "depth_token_only": 2, "img_size": 64}  # cait_xxs24's width (192, 4 heads): peaked
 # A conv stage, then windows of 7 on a 28 grid (16 windows), a 14 grid (4) and one 7 × 7 window.
 SMALL_TINY_VIT = {"embed_dims": (16, 32, 48, 64), "depths": (1, 2, 1, 1), "num_heads": (1, 2, 3, 2),
                   "window_sizes": (7, 7, 7, 7)}
@@ -51,6 +53,9 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("shvit", "shvit_s1", {"depth": (1, 2, 1)}, 224),
     ("swin_transformer_v2_cr", "swinv2_cr_tiny_224", SMALL_SWIN | {"img_size": 128}, 128),
     ("nest", "nest_tiny", {"img_size": 64}, 64),  # nest_tiny fixes its widths and depths: only the size is small
+    ("pit", "pit_ti_224", SMALL_PIT, 64),
+    ("pit", "pit_ti_distilled_224", SMALL_PIT, 64),
+    ("cait", "cait_xxs24_224", SMALL_CAIT, 64),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)
@@ -320,9 +325,6 @@ def test_shvit_takes_multiples_of_its_stem():
      "convolutions), so there are no attention weights to show."),
     ("swiftformer", "swiftformer_xs", {}, "SwiftFormer has no attention between patches (it mixes them with "
      "additive attention, which has no softmax between tokens), so there are no attention weights to show."),
-    ("cait", "cait_xxs24_224", {"depth": 2, "depth_token_only": 1}, "Cait has talking-heads attention (the heads "
-     "are mixed before and after the softmax), which attnviz cannot reproduce exactly yet, so it refuses it "
-     "rather than show attention weights that may be wrong."),
     ("fastvit", "fastvit_t8", {}, "FastVit has no attention between patches (it mixes them with RepMixer "
      "convolutions), so there are no attention weights to show."),
     ("swin_transformer_v2_cr", "swinv2_cr_tiny_224", SMALL_SWIN | {"window_size": 8}, "At 224 px, stage 2 of "

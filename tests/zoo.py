@@ -117,7 +117,8 @@ QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj"}
 
 @torch.no_grad()
 def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
-    """Scale every query and key projection (``qkv``'s q and k rows, ``q``/``k``, ``kv``'s k rows) by ``factor``."""
+    """Scale every query and key projection (``qkv``'s q and k rows, ``q``/``k``, ``kv``'s k rows) by ``factor``
+    (and give CaiT's talking-heads mix ``proj_l`` its identity)."""
     handled = per_head_peak(network, factor)
     for name, module in network.named_modules():
         leaf = name.rsplit(".", 1)[-1]
@@ -135,6 +136,11 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
             weight[: weight.shape[0] // 2] *= factor
         elif leaf in QK_NAMES:
             weight *= factor
+        elif leaf == "proj_l" and isinstance(module, torch.nn.Linear) and module.in_features == module.out_features:
+            # CaiT's talking heads mix the heads' logits with proj_l (H × H) before the softmax; at timm's init
+            # (std .02) it scales every logit to ~0 and no head is peaked. Plus the identity: each head keeps
+            # its own logits, mixed with the others'.
+            weight += torch.eye(weight.shape[0], dtype=weight.dtype, device=weight.device)
     for module in network.modules():  # LayerScale at ~1e-5 would leave later layers' inputs near the first's
         gamma = getattr(module, "gamma", None)
         if isinstance(gamma, torch.nn.Parameter) and gamma.ndim == 1:

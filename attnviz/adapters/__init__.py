@@ -24,6 +24,8 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm SHViT | :mod:`.timm_shvit` | ``SHSA``: single-head global attention on the first ``pdim`` channels of each stage's feature map |
 | timm Swin V2 (cr) | :mod:`.timm_swin_cr` | ``WindowMultiHeadAttention`` (``swinv2_cr_*``: cosine windows, meta-network bias): stages |
 | timm NesT | :mod:`.timm_nest` | NesT's ``Attention`` inside image blocks (``nest_*``): levels, each block a window |
+| timm PiT | :mod:`.timm_pit` | ``timm.layers.Attention`` in PiT's pooled stages (class and distillation tokens first) |
+| timm CaiT | :mod:`.timm_cait` | ``TalkingHeadAttn`` (logits mixed across heads), then ``ClassAttn`` (the class token the one query) |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

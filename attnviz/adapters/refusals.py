@@ -29,8 +29,6 @@ class Missing:
 
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
-    TIMM + "cait": Missing("talking-heads attention (the heads are mixed before and after the softmax)"),
-    TIMM + "pit": Missing("pooling layers that change the number of tokens between its stages"),
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
     TIMM + "levit": Missing("attention with a learned bias in stages that shrink the token grid"),
     TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
