@@ -17,6 +17,8 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm relative position | :mod:`.timm_relpos` | ``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) |
 | timm BEiT | :mod:`.timm_beit` | ``beit.Attention`` (BEiT, BEiT v2; per-layer and shared relative position bias) |
 | timm Swin | :mod:`.timm_swin` | Swin ``WindowAttention``, Swin V2's (cosine attention, continuous position bias): stages |
+| timm LeViT | :mod:`.timm_levit` | LeViT ``Attention``, ``AttentionDownsample`` (learned bias, sub-sampled queries; linear and conv): stages |
+| timm EfficientFormer V2 | :mod:`.timm_efficientformer_v2` | ``Attention2d`` (talking heads, learned bias, strided grid), ``Attention2dDownsample``: stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
