@@ -188,6 +188,28 @@ def test_efficientformer_v2_layers_are_strided_and_sub_sampled():
             assert bias[:, t, u].tolist() == table[:, abs(2 * i - a) * 8 + abs(2 * j - b)].tolist()
 
 
+@pytest.mark.parametrize("name, kwargs, size, sentence", [
+    ("levit_128s", SMALL_LEVIT, 224, "LevitDistilled was built for 112 × 112 px inputs, not 224 px (its attention "
+     "biases are tables for a 7 × 7 token grid); build it with img_size=224."),
+    ("levit_conv_128s", SMALL_LEVIT, 120, "The input size must be a multiple of LevitDistilled's 16 px patches; "
+     "120 px is not."),
+    ("efficientformerv2_s0", SMALL_EFV2, 120, "attnviz reads EfficientFormerV2 at sizes that are a multiple of "
+     "32 px, where every stage's tokens are whole squares of the photo; 120 px is not."),
+    ("efficientformerv2_s0", SMALL_EFV2, 160, "EfficientFormerV2 was built for another input size than 160 px "
+     "(its attention in stage 3 is on a 4 × 4 grid, not 5 × 5); build it with img_size=160."),
+])
+def test_levit_and_efficientformer_v2_refuse_sizes_they_were_not_built_for(name, kwargs, size, sentence):
+    import timm
+
+    import attnviz
+    from attnviz import ModelError
+
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(network, name, "random init", size)
+    assert str(error.value) == sentence and one_sentence(sentence)
+
+
 @pytest.mark.parametrize("module, name, kwargs, sentence", [
     ("convnext", "convnext_zepto_rms", {}, "ConvNeXt has no attention between patches (it mixes them with "
      "convolutions), so there are no attention weights to show."),

@@ -123,8 +123,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
         attentions.append(attn)
         blocks.append(block)
     if not layouts:
-        raise ModelError(f"{net} was built without attention blocks (num_vit=0), so there are no attention "
-                         "weights to show.")
+        raise ModelError(f"{net} was built without attention layers, so there are no attention weights to show.")
     lay = layouts[0]
     return EfficientFormerV2Adapter(
         family="timm EfficientFormer V2", attentions=tuple(attentions), blocks=tuple(blocks),

@@ -83,7 +83,11 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     stride = network.stem.stride
     layers = attention_layers(network)
     first = tuple(layers[0][1].resolution)
-    check_square_size(net, stride, size, (first[0] * stride, first[1] * stride), dynamic=False)
+    check_square_size(net, stride, size, None, dynamic=False)
+    if first != (size // stride, size // stride):
+        raise ModelError(f"{net} was built for {first[0] * stride} × {first[1] * stride} px inputs, not {size} px "
+                         f"(its attention biases are tables for a {first[0]} × {first[1]} token grid); build it "
+                         f"with img_size={size}.")
     layouts, biases, attentions, blocks = [], [], [], []
     grid = (size // stride, size // stride)
     counts: dict[int, int] = {}
