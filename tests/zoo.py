@@ -168,6 +168,65 @@ def per_head_peak(network: torch.nn.Module, factor: float) -> set[torch.nn.Modul
         module.attention_biases.copy_(2 * torch.randn_like(module.attention_biases))
         module.attention_bias_cache = {}
     return handled
+# Per-family rules for an init under which a random model's attention is not a test of anything.
+# LeViT: every projection is a Linear or Conv with a BatchNorm after it, and each residual branch's last
+# BatchNorm starts at weight 0. With timm's running statistics (mean 0, variance 1) its random stem's
+# output is ~1e-2 and every weight within 1e-4 of uniform, however the projections are scaled (and
+# peak()'s rows are not LeViT's q and k: its qkv is per head [q, k, v]). A trained BatchNorm normalises
+# its input, so after peak() the statistics are set to those of a batch of random images (the weights of
+# 0 to 1), which undoes peak() (a BatchNorm does not see the scale of the Linear before it); the q and
+# k channels of each projection's BatchNorm weight are scaled by BATCHNORM_PEAK first: logits of std ~4, as
+# peaked as a ViT's under peak().
+# EfficientFormer V2 (q and k 1 × 1 convolutions with a BatchNorm, NCHW): the same, with its q and k
+# BatchNorms (Attention2dDownsample's q: LocalGlobalQuery's proj) scaled.
+CALIBRATE_BATCHNORM = {"levit", "efficientformer_v2"}
+BATCHNORM_PEAK = 2.0
+# Learned attention biases initialised to 0 (``attention_biases``, indexed by the query's and key's
+# cells): drawn N(0, 1) so the walk checks that the bias is laid on the right query and key cells.
+RANDOM_ATTENTION_BIASES = {"levit", "efficientformer_v2"}
+
+
+@torch.no_grad()
+def untrained_init(module: str, network: torch.nn.Module, size: int) -> None:
+    """The per-family rules above, after :func:`peak`."""
+    if module in RANDOM_ATTENTION_BIASES:
+        generator = torch.Generator().manual_seed(3)
+        for name, p in network.named_parameters():
+            if name.endswith("attention_biases"):
+                p.copy_(torch.randn(p.shape, generator=generator))
+    norms = [m for m in network.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if module in CALIBRATE_BATCHNORM:
+        for m in norms:
+            if m.weight is not None and not m.weight.any():
+                m.weight.fill_(1.0)
+    if module == "efficientformer_v2":
+        for m in network.modules():
+            if hasattr(m, "attention_biases"):
+                q = m.q.proj if hasattr(m.q, "proj") else m.q
+                for bn in (q.bn, m.k.bn):
+                    bn.weight *= BATCHNORM_PEAK
+                    bn.bias *= BATCHNORM_PEAK
+    if module == "levit":
+        for m in network.modules():
+            heads, kd = getattr(m, "num_heads", None), getattr(m, "key_dim", None)
+            if heads is None or kd is None:
+                continue
+            if hasattr(m, "qkv"):  # per head [q (kd), k (kd), v]
+                scaled = [(m.qkv.bn, 2 * kd)]
+            else:  # AttentionDownsample: q (per head kd) and kv (per head [k (kd), v])
+                scaled = [(m.q.ln.bn, kd), (m.kv.bn, kd)]
+            for bn, rows in scaled:
+                for p in (bn.weight, bn.bias):
+                    p.view(heads, -1)[:, :rows] *= BATCHNORM_PEAK
+    if module in CALIBRATE_BATCHNORM:  # in train mode each BatchNorm normalises with the batch's statistics
+        for m in norms:  # and keeps them: later ones see the peaked attention's outputs
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average: the statistics of this one batch
+        network.train()
+        network(torch.randn(8, 3, size, size, generator=torch.Generator().manual_seed(2)))
+        network.eval()
+        for m in norms:
+            m.momentum = 0.1
 
 
 @contextmanager
@@ -284,8 +343,9 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
     start = time.perf_counter()
     torch.manual_seed(0)
     network = timm.create_model(name, pretrained=False, **(build_kwargs or {})).eval()
-    peak(network)
     size = size or input_size(network)
+    peak(network)
+    untrained_init(module, network, size)
     try:
         model = attnviz.wrap(network, name, "random init", size)
     except ModelError as error:

@@ -26,6 +26,8 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm NesT | :mod:`.timm_nest` | NesT's ``Attention`` inside image blocks (``nest_*``): levels, each block a window |
 | timm PiT | :mod:`.timm_pit` | ``timm.layers.Attention`` in PiT's pooled stages (class and distillation tokens first) |
 | timm CaiT | :mod:`.timm_cait` | ``TalkingHeadAttn`` (logits mixed across heads), then ``ClassAttn`` (the class token the one query) |
+| timm LeViT | :mod:`.timm_levit` | LeViT ``Attention``, ``AttentionDownsample`` (learned bias, sub-sampled queries; linear and conv): stages |
+| timm EfficientFormer V2 | :mod:`.timm_efficientformer_v2` | ``Attention2d`` (talking heads, learned bias, strided grid), ``Attention2dDownsample``: stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

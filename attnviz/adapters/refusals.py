@@ -30,9 +30,7 @@ class Missing:
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
-    TIMM + "levit": Missing("attention with a learned bias in stages that shrink the token grid"),
     TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
-    TIMM + "efficientformer_v2": Missing("talking-heads attention with a learned bias after its convolutional stages"),
     TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
                            "class-attention layers"),
     TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
