@@ -56,7 +56,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "nextvit": Missing("attention over spatially reduced keys between convolution blocks"),
     TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
     TIMM + "nest": Missing("attention inside non-overlapping blocks of patches that are merged between levels"),
-    TIMM + "pvt_v2": Missing("spatial-reduction attention (keys from a downsampled grid)"),
     TIMM + "efficientvit_msra": Missing("cascaded group attention over head-wise splits of the channels"),
     TIMM + "visformer": Missing("attention stages at two resolutions after convolutional stages"),
     TIMM + "shvit": Missing("single-head attention on a fraction of the channels after convolutional stages"),
