@@ -36,7 +36,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
     TIMM + "levit": Missing("attention with a learned bias in stages that shrink the token grid"),
     TIMM + "tiny_vit": Missing("windowed attention with a learned bias between convolutional stages"),
-    TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
     TIMM + "efficientformer": Missing("attention with a learned bias after its pooling stages"),
     TIMM + "efficientformer_v2": Missing("talking-heads attention with a learned bias after its convolutional stages"),
     TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
