@@ -136,6 +136,29 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
             gamma.fill_(1.0)
 
 
+@torch.no_grad()
+def calibrate_batchnorm(network: torch.nn.Module, size: int) -> None:
+    """Every BatchNorm's running statistics set from one forward pass of a random batch, as training leaves them.
+
+    Next-ViT's random init (truncated normal, std 0.02, for every convolution) shrinks the activations
+    about tenfold per convolution, and in eval mode its BatchNorms (running variance 1) do not undo it:
+    by the first attention layer q and k are ~1e-5 and every weight is uniform, so nothing would be
+    peaked. Its trained BatchNorms normalise; these do too."""
+    norms = [m for m in network.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average: exactly this batch's statistics
+    network.train()
+    network(torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(2)))
+    network.eval()
+
+
+# timm module → what the walk does to a random build after peaking it, so its attention is peaked too
+PREPARE = {
+    "nextvit": calibrate_batchnorm,
+}
+
+
 @contextmanager
 def recorded_softmax(seen: list[torch.Tensor]):
     """Inside the block every softmax over the last axis (and every SDPA, done eagerly) is appended to ``seen``."""
@@ -220,6 +243,8 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
     network = timm.create_model(name, pretrained=False, **(build_kwargs or {})).eval()
     peak(network)
     size = size or input_size(network)
+    if module in PREPARE:
+        PREPARE[module](network, size)
     try:
         model = attnviz.wrap(network, name, "random init", size)
     except ModelError as error:

@@ -19,6 +19,7 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm Swin | :mod:`.timm_swin` | Swin ``WindowAttention``, Swin V2's (cosine attention, continuous position bias): stages |
 | timm PVT v2 | :mod:`.timm_pvt_v2` | ``pvt_v2.Attention`` (spatial-reduction attention: keys from a reduced grid): stages |
 | timm Twins | :mod:`.timm_twins` | ``LocallyGroupedAttn`` (windows), ``GlobalSubSampleAttn`` (sub-sampled keys): stages |
+| timm Next-ViT | :mod:`.timm_nextvit` | ``EfficientAttention`` (E-MHSA: keys averaged over runs of raster tokens) in its transformer blocks: stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
