@@ -25,6 +25,8 @@ def check(result) -> None:
 
 
 SMALL_SWIN = {"depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
+SMALL_PVT_LINEAR = {"depths": (1, 1, 1, 1), "embed_dims": (32, 64, 160, 256)}  # pvt_v2_b2_li: 7 × 7 pooled keys
+SMALL_TWINS = {"embed_dims": (32, 64, 128, 256), "num_heads": (1, 2, 4, 8)}
 
 
 # ---- fast: small builds of a few families --------------------------------------------------------
@@ -36,6 +38,11 @@ SMALL_SWIN = {"depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
     ("beit", "beitv2_base_patch16_224", {"depth": 2, "img_size": 64, "embed_dim": 64, "num_heads": 4}, 64),
     ("swin_transformer", "swin_tiny_patch4_window7_224", SMALL_SWIN | {"img_size": 112}, 112),
     ("swin_transformer_v2", "swinv2_tiny_window8_256", SMALL_SWIN | {"img_size": 128}, 128),
+    ("pvt_v2", "pvt_v2_b0", {"depths": (1, 1, 1, 1)}, 64),
+    ("pvt_v2", "pvt_v2_b2_li", SMALL_PVT_LINEAR, 64),
+    ("twins", "twins_svt_small", SMALL_TWINS | {"depths": (2, 2, 2, 2), "wss": (4, 4, 2, 2)}, 64),
+    ("twins", "twins_pcpvt_small", SMALL_TWINS | {"depths": (1, 1, 1, 1)}, 64),
+    ("nextvit", "nextvit_small", {"depths": (1, 1, 5, 1)}, 64),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)
@@ -88,6 +95,150 @@ def test_swin_layers_are_stage_and_block_with_their_own_grid_and_windows():
     received = full.mean(0).sum(0) / 49  # each key's column: T queries of its window
     np.testing.assert_allclose(cap.summary_map(1, "mean").reshape(-1), received.numpy(), atol=1e-6)
     assert cap.summary == "mean_received" and not cap.has_class_token
+
+
+# ---- fast: the token order of reduced keys and local windows, by the model's own code ------------------
+# Each attention module (a copy) runs on tokens whose channel 0 is their raster index; its reduction is
+# made to average channel 0 (a convolution of weights 1 / R², no norm), so the key it projects carries
+# the mean index of the tokens it was made from, and a window's rows the index of their token.
+
+def index_tokens(n: int, channels: int):
+    import torch
+
+    x = torch.zeros(1, n, channels)
+    x[0, :, 0] = torch.arange(n, dtype=torch.float32)
+    return x
+
+
+def mean_of_cells(grid, cells) -> list[float]:
+    """Per key, the mean raster index of the tokens of its cell: ``cells`` (rows, cols) ranges, by a plain loop."""
+    w = grid[1]
+    return [sum(r * w + c for r in rows for c in cols) / (len(rows) * len(cols)) for rows, cols in cells]
+
+
+def projected_input(attn, projection, run) -> "torch.Tensor":
+    """Channel 0 of what ``projection`` (a module of ``attn``) is given when ``run(attn)`` runs."""
+    seen = []
+    handle = projection.register_forward_pre_hook(lambda _m, args: seen.append(args[0][..., 0].detach()))
+    try:
+        run(attn)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def averaging(conv) -> None:
+    import torch
+
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.weight[0, 0] = 1.0 / (conv.weight.shape[-2] * conv.weight.shape[-1])
+        if conv.bias is not None:
+            conv.bias.zero_()
+
+
+def reduced_keys_by_model(attn, grid, kv_name: str = "kv"):
+    """The mean token index of every key ``attn`` (PVT v2's or Twins' GSA, a copy) makes from ``grid``'s tokens."""
+    import copy
+
+    import torch
+
+    attn = copy.deepcopy(attn)
+    if getattr(attn, "sr", None) is not None:
+        averaging(attn.sr)
+        attn.norm = torch.nn.Identity()
+    if getattr(attn, "act", None) is not None:
+        attn.act = torch.nn.Identity()
+    x = index_tokens(grid[0] * grid[1], attn.dim)
+    return projected_input(attn, getattr(attn, kv_name), lambda a: a(x, grid))[0]  # (Nk,)
+
+
+@pytest.mark.parametrize("name, kwargs", [("pvt_v2_b0", {"depths": (1, 1, 1, 1)}),
+                                          ("pvt_v2_b2_li", SMALL_PVT_LINEAR)])
+def test_pvt_v2_keys_are_the_reduced_grid_in_raster_order(name, kwargs):
+    import math
+
+    import timm
+    import torch
+
+    from attnviz.adapters import adapter_for
+
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    adapter = adapter_for(network, 64)
+    assert [lay.grid for lay in adapter.layouts] == [(16, 16), (8, 8), (4, 4), (2, 2)]
+    for attn, lay in zip(adapter.attentions, adapter.layouts):
+        h, w = lay.grid
+        assert lay.windows.tolist() == [list(range(h * w))]  # one window, queries in raster order
+        assert lay.keys.tolist() == [list(range(lay.num_keys))]
+        kh, kw = lay.keys_grid
+        if attn.pool is not None:  # adaptive pooling: bin i covers floor(i·h/7) … ceil((i+1)·h/7) − 1
+            assert (kh, kw) == (7, 7)
+            bins = [range(i * h // kh, math.ceil((i + 1) * h / kh)) for i in range(kh)]
+            cells = [(bins[a], bins[b]) for a in range(kh) for b in range(kw)]
+        else:
+            r = h // kh
+            assert (kh * r, kw * r) == (h, w) and r == (attn.sr.stride[0] if attn.sr is not None else 1)
+            cells = [(range(a * r, a * r + r), range(b * r, b * r + r)) for a in range(kh) for b in range(kw)]
+        torch.testing.assert_close(reduced_keys_by_model(attn, lay.grid).tolist(), mean_of_cells(lay.grid, cells))
+
+
+def test_twins_windows_and_sub_sampled_keys_are_the_models_own():
+    import timm
+    import torch
+
+    from attnviz.adapters import adapter_for
+    from timm.models.twins import LocallyGroupedAttn
+
+    network = timm.create_model("twins_svt_small", pretrained=False, **SMALL_TWINS,
+                                depths=(2, 2, 2, 2), wss=(4, 4, 2, 2)).eval()
+    adapter = adapter_for(network, 64)
+    kinds = [type(a).__name__ for a in adapter.attentions]
+    assert kinds == ["LocallyGroupedAttn", "GlobalSubSampleAttn"] * 4
+    assert [lay.grid for lay in adapter.layouts][::2] == [(16, 16), (8, 8), (4, 4), (2, 2)]
+    for attn, lay in zip(adapter.attentions, adapter.layouts):
+        if type(attn) is LocallyGroupedAttn:  # the windows qkv projects: the model's own partition
+            x = index_tokens(lay.grid[0] * lay.grid[1], attn.dim)
+            seen = projected_input(attn, attn.qkv, lambda a: a(x, lay.grid))  # (1, h/ws, w/ws, ws, ws)
+            assert lay.windows.tolist() == seen.reshape(lay.num_windows, -1).long().tolist()
+            assert lay.window == (attn.ws, attn.ws) and lay.key_windows is None
+            (h, w), ws = lay.grid, attn.ws  # and by a plain loop: window (a, b), row (i, j)
+            assert lay.windows.tolist() == [[(a * ws + i) * w + b * ws + j for i in range(ws) for j in range(ws)]
+                                            for a in range(h // ws) for b in range(w // ws)]
+        else:
+            h, w = lay.grid
+            kh, kw = lay.keys_grid
+            r = attn.sr_ratio
+            assert lay.windows.tolist() == [list(range(h * w))] and (kh * r, kw * r) == (h, w)
+            cells = [(range(a * r, a * r + r), range(b * r, b * r + r)) for a in range(kh) for b in range(kw)]
+            torch.testing.assert_close(reduced_keys_by_model(attn, lay.grid).tolist(), mean_of_cells(lay.grid, cells))
+
+
+def test_nextvit_keys_are_runs_of_raster_tokens_in_bands_of_rows():
+    import copy
+
+    import timm
+    import torch
+
+    from attnviz.adapters import adapter_for
+
+    network = timm.create_model("nextvit_small", pretrained=False, depths=(1, 2, 5, 1)).eval()
+    adapter = adapter_for(network, 96)  # 12 × 12 at stage 2: 16-token runs wrap onto the next row
+    assert [(lay.stage, lay.block) for lay in adapter.layouts] == [(1, 1), (2, 4), (3, 0)]
+    assert [lay.grid for lay in adapter.layouts] == [(12, 12), (6, 6), (3, 3)]
+    assert [lay.keys_grid for lay in adapter.layouts] == [(3, 3), (3, 3), (3, 3)]
+    for attn, lay in zip(adapter.attentions, adapter.layouts):
+        (h, w), (kh, kw) = lay.grid, lay.keys_grid
+        assert lay.windows.tolist() == [list(range(h * w))] and lay.keys.tolist() == [list(range(kh * kw))]
+        attn = copy.deepcopy(attn)
+        if attn.norm is not None:
+            attn.norm = torch.nn.Identity()
+        x = index_tokens(h * w, attn.dim)
+        keys = projected_input(attn, attn.k, lambda a: a(x))[0]  # (Nk,): the mean index of each key's tokens
+        run = attn.N_ratio
+        torch.testing.assert_close(keys.tolist(), [j * run + (run - 1) / 2 for j in range(kh * kw)])
+        band = h // kh  # key row a is exactly the token rows a · band … (a + 1) · band − 1
+        for j in range(kh * kw):
+            assert {t // w for t in range(j * run, (j + 1) * run)} <= set(range(j // kw * band, j // kw * band + band))
 
 
 @pytest.mark.parametrize("module, name, kwargs, sentence", [
