@@ -241,6 +241,29 @@ def test_nextvit_keys_are_runs_of_raster_tokens_in_bands_of_rows():
             assert {t // w for t in range(j * run, (j + 1) * run)} <= set(range(j // kw * band, j // kw * band + band))
 
 
+@pytest.mark.parametrize("name, kwargs, size, sentence", [
+    ("pvt_v2_b0", {"depths": (1, 1, 1, 1), "sr_ratios": (3, 1, 1, 1)}, 64, "At 64 px, stage 1 of "
+     "PyramidVisionTransformerV2 has a 16 × 16 token grid that its 3 × 3 spatial reduction does not divide, so its "
+     "keys leave out the last tokens of the photo; attnviz refuses that size rather than show keys for only part "
+     "of it (use a size where every stage divides)."),
+    ("pvt_v2_b0", {"depths": (1, 1, 1, 1)}, 80, "The input size must be a multiple of PyramidVisionTransformerV2's "
+     "32 px patches; 80 px is not."),
+    ("twins_svt_small", SMALL_TWINS | {"depths": (2, 2, 2, 2), "wss": (3, 4, 2, 2)}, 64, "At 64 px, stage 1 of "
+     "Twins has a 16 × 16 token grid that does not divide into 3 × 3 windows, so the model pads it with tokens that "
+     "are not in the photo; attnviz refuses that size rather than show them (use a size where every stage divides)."),
+])
+def test_reduced_keys_and_windows_that_leave_out_tokens_are_refused(name, kwargs, size, sentence):
+    import timm
+
+    from attnviz import ModelError
+    from attnviz.adapters import adapter_for
+
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    with pytest.raises(ModelError) as refused:
+        adapter_for(network, size)
+    assert str(refused.value) == sentence and one_sentence(sentence)
+
+
 @pytest.mark.parametrize("module, name, kwargs, sentence", [
     ("convnext", "convnext_zepto_rms", {}, "ConvNeXt has no attention between patches (it mixes them with "
      "convolutions), so there are no attention weights to show."),

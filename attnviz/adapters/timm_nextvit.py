@@ -43,12 +43,12 @@ def recognises(network: torch.nn.Module) -> bool:
         type(block) is NextTransformerBlock and type(block.e_mhsa) is EfficientAttention for block in blocks)
 
 
-def run_grid(net: str, stage: int, grid: tuple[int, int], run: int) -> tuple[int, int]:
+def run_grid(net: str, size: int, stage: int, grid: tuple[int, int], run: int) -> tuple[int, int]:
     """The grid of the keys made by averaging ``run`` consecutive raster tokens of ``grid`` (module docstring)."""
     h, w = grid
     if (h * w) % run:
         raise ModelError(
-            f"At this size, stage {stage + 1} of {net} has a {h} × {w} token grid whose {h * w} tokens do not "
+            f"At {size} px, stage {stage + 1} of {net} has a {h} × {w} token grid whose {h * w} tokens do not "
             f"divide into the runs of {run} its spatial reduction averages, so its keys leave out the last "
             "tokens of the photo; attnviz refuses that size rather than show keys for only part of it.")
     g = math.gcd(run, w)
@@ -75,7 +75,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
             if not isinstance(block, NextTransformerBlock):
                 continue
             grid, attn = (side, side), block.e_mhsa
-            key_grid = None if attn.sr is None else run_grid(net, s, grid, attn.N_ratio)
+            key_grid = None if attn.sr is None else run_grid(net, size, s, grid, attn.N_ratio)
             layouts.append(global_layout(s, b, grid, size // side, attn.num_heads, attn.head_dim,
                                          float(attn.scale), key_grid))
             attentions.append(attn)

@@ -58,12 +58,12 @@ def check_stride(net: str, stride: int, size: int) -> None:
     check_square_size(net, stride, size, None, dynamic=True)
 
 
-def reduced_grid(net: str, stage: int, grid: tuple[int, int], ratio: int) -> tuple[int, int]:
+def reduced_grid(net: str, size: int, stage: int, grid: tuple[int, int], ratio: int) -> tuple[int, int]:
     """The (h / R) × (w / R) grid a kernel-and-stride-R reduction makes of ``grid``; one sentence when R
     does not divide it (the reduction would drop the last rows or columns of tokens from the keys)."""
     if grid[0] % ratio or grid[1] % ratio:
         raise ModelError(
-            f"At this size, stage {stage + 1} of {net} has a {grid[0]} × {grid[1]} token grid that its "
+            f"At {size} px, stage {stage + 1} of {net} has a {grid[0]} × {grid[1]} token grid that its "
             f"{ratio} × {ratio} spatial reduction does not divide, so its keys leave out the last tokens of "
             "the photo; attnviz refuses that size rather than show keys for only part of it (use a size "
             "where every stage divides).")
@@ -94,7 +94,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
                 key_grid = tuple(attn.pool.output_size) if isinstance(attn.pool.output_size, tuple) else (
                     attn.pool.output_size, attn.pool.output_size)
             elif attn.sr is not None:
-                key_grid = reduced_grid(net, s, grid, attn.sr.stride[0])
+                key_grid = reduced_grid(net, size, s, grid, attn.sr.stride[0])
             else:
                 key_grid = None
             layouts.append(global_layout(s, b, grid, size // side, attn.num_heads, attn.head_dim,

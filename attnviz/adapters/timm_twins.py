@@ -82,7 +82,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
             if type(attn) is LocallyGroupedAttn:
                 layouts.append(local_layout(net, s, b, grid, patch, attn))
             else:
-                key_grid = None if attn.sr is None else reduced_grid(net, s, grid, attn.sr.stride[0])
+                key_grid = None if attn.sr is None else reduced_grid(net, size, s, grid, attn.sr.stride[0])
                 layouts.append(global_layout(s, b, grid, patch, attn.num_heads, attn.dim // attn.num_heads,
                                              float(attn.scale), key_grid))
             attentions.append(attn)
