@@ -30,6 +30,8 @@ SMALL_PIT = {"depth": (1, 1, 1), "img_size": 64}  # 7 × 7, 4 × 4, 2 × 2 token
 SMALL_LEVIT = {"embed_dim": (32, 48), "key_dim": 8, "num_heads": (2, 3), "depth": (1, 1), "img_size": 112}
 # 128 px: stage 3's attention on its 8 × 8 grid strided to 4 × 4, stage 4's queries 4 × 4 over 8 × 8 keys
 SMALL_EFV2 = {"depths": (1, 1, 2, 2), "embed_dims": (16, 24, 32, 48), "mlp_ratios": 2, "num_vit": 1, "img_size": 128}
+SMALL_PVT_LINEAR = {"depths": (1, 1, 1, 1), "embed_dims": (32, 64, 160, 256)}  # pvt_v2_b2_li: 7 × 7 pooled keys
+SMALL_TWINS = {"embed_dims": (32, 64, 128, 256), "num_heads": (1, 2, 4, 8)}
 SMALL_CAIT = {"depth": 2, "depth_token_only": 2, "img_size": 64}  # cait_xxs24's width (192, 4 heads): peaked
 # A conv stage, then windows of 7 on a 28 grid (16 windows), a 14 grid (4) and one 7 × 7 window.
 SMALL_TINY_VIT = {"embed_dims": (16, 32, 48, 64), "depths": (1, 2, 1, 1), "num_heads": (1, 2, 3, 2),
@@ -63,6 +65,11 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("levit", "levit_128s", SMALL_LEVIT, 112),
     ("levit", "levit_conv_128s", SMALL_LEVIT, 112),
     ("efficientformer_v2", "efficientformerv2_s0", SMALL_EFV2, 128),
+    ("pvt_v2", "pvt_v2_b0", {"depths": (1, 1, 1, 1)}, 64),
+    ("pvt_v2", "pvt_v2_b2_li", SMALL_PVT_LINEAR, 64),
+    ("twins", "twins_svt_small", SMALL_TWINS | {"depths": (2, 2, 2, 2), "wss": (4, 4, 2, 2)}, 64),
+    ("twins", "twins_pcpvt_small", SMALL_TWINS | {"depths": (1, 1, 1, 1)}, 64),
+    ("nextvit", "nextvit_small", {"depths": (1, 1, 5, 1)}, 64),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)

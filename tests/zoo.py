@@ -168,6 +168,8 @@ def per_head_peak(network: torch.nn.Module, factor: float) -> set[torch.nn.Modul
         module.attention_biases.copy_(2 * torch.randn_like(module.attention_biases))
         module.attention_bias_cache = {}
     return handled
+
+
 # Per-family rules for an init under which a random model's attention is not a test of anything.
 # LeViT: every projection is a Linear or Conv with a BatchNorm after it, and each residual branch's last
 # BatchNorm starts at weight 0. With timm's running statistics (mean 0, variance 1) its random stem's
@@ -179,7 +181,10 @@ def per_head_peak(network: torch.nn.Module, factor: float) -> set[torch.nn.Modul
 # peaked as a ViT's under peak().
 # EfficientFormer V2 (q and k 1 × 1 convolutions with a BatchNorm, NCHW): the same, with its q and k
 # BatchNorms (Attention2dDownsample's q: LocalGlobalQuery's proj) scaled.
-CALIBRATE_BATCHNORM = {"levit", "efficientformer_v2"}
+# Next-ViT's random init (truncated normal, std 0.02, for every convolution) shrinks the activations about
+# tenfold per convolution, and its eval-mode BatchNorms (running variance 1) do not undo it: by the first
+# attention q and k are ~1e-5 and every weight uniform. Its trained BatchNorms normalise; calibrated ones too.
+CALIBRATE_BATCHNORM = {"levit", "efficientformer_v2", "nextvit"}
 BATCHNORM_PEAK = 2.0
 # Learned attention biases initialised to 0 (``attention_biases``, indexed by the query's and key's
 # cells): drawn N(0, 1) so the walk checks that the bias is laid on the right query and key cells.

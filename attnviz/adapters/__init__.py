@@ -28,6 +28,9 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm CaiT | :mod:`.timm_cait` | ``TalkingHeadAttn`` (logits mixed across heads), then ``ClassAttn`` (the class token the one query) |
 | timm LeViT | :mod:`.timm_levit` | LeViT ``Attention``, ``AttentionDownsample`` (learned bias, sub-sampled queries; linear and conv): stages |
 | timm EfficientFormer V2 | :mod:`.timm_efficientformer_v2` | ``Attention2d`` (talking heads, learned bias, strided grid), ``Attention2dDownsample``: stages |
+| timm PVT v2 | :mod:`.timm_pvt_v2` | ``pvt_v2.Attention`` (spatial reduction: keys from a smaller grid): stages |
+| timm Twins | :mod:`.timm_twins` | ``LocallyGroupedAttn`` (windows), ``GlobalSubSampleAttn`` (reduced keys): stages |
+| timm Next-ViT | :mod:`.timm_nextvit` | ``EfficientAttention`` (keys: means of runs of raster tokens): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

@@ -30,7 +30,6 @@ class Missing:
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
-    TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
     TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
                            "class-attention layers"),
     TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
@@ -43,9 +42,7 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "davit": Missing("window attention alternating with attention between channels"),
     TIMM + "gcvit": Missing("window attention with global queries made by a convolutional path"),
     TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
-    TIMM + "nextvit": Missing("attention over spatially reduced keys between convolution blocks"),
     TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
-    TIMM + "pvt_v2": Missing("spatial-reduction attention (keys from a downsampled grid)"),
     TIMM + "fastvit": Missing("attention in its last stage only, after RepMixer convolution stages",
                               without="RepMixer convolutions"),
     TIMM + "metaformer": Missing("attention stages after convolutional ones", without="pooling or convolutions"),
