@@ -51,8 +51,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "davit": Missing("window attention alternating with attention between channels"),
     TIMM + "coat": Missing("factorized attention (a softmax over keys applied to channels) with convolutional "
                            "position encodings"),
-    TIMM + "gcvit": Missing("window attention with global queries made by a convolutional path"),
-    TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
     TIMM + "nextvit": Missing("attention over spatially reduced keys between convolution blocks"),
     TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
     TIMM + "nest": Missing("attention inside non-overlapping blocks of patches that are merged between levels"),

@@ -72,7 +72,11 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     net = type(network).__name__
     first_grid = tuple(network.stages[0].feat_size)
     built = (4 * first_grid[0], 4 * first_grid[1])  # the stem reduces by 4
-    check_square_size(net, 4, size, built, dynamic=False)
+    check_square_size(net, 4, size, built, dynamic=True)  # a whole number, a multiple of 4, square
+    if size != built[0]:
+        raise ModelError(
+            f"{net} was built for {built[0]} px inputs, not {size} px, and the grid of its global queries is fixed "
+            f"when it is built; build it with img_size={size}.")
     layouts, biases, attentions, blocks = [], [], [], []
     for s, stage in enumerate(network.stages):
         grid = tuple(stage.feat_size)

@@ -32,8 +32,10 @@ from timm.models.maxxvit import (
     MaxxVit,
     MaxxVitBlock,
     MbConvBlock,
+    ParallelMaxxVitBlock,
     PartitionAttention2d,
     PartitionAttentionCl,
+    TransformerBlock2d,
 )
 
 from ..errors import ModelError
@@ -41,6 +43,12 @@ from ..stages import LayerLayout, window_partition_index
 from .base import Adapter
 from .registry import Family, register
 from .tap import Recorder, Tap, channels_first, residual
+
+
+UNREAD = {  # the module's other attention blocks, in words
+    TransformerBlock2d: "CoAtNet's transformer blocks (attention over the whole flattened grid)",
+    ParallelMaxxVitBlock: "parallel block and grid attention whose outputs are concatenated",
+}
 
 
 def recognises(network: torch.nn.Module) -> bool:
@@ -99,13 +107,12 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     reduction = 2 * 2 ** len(network.stages)  # the stem halves the image, then every stage
     if size % reduction:
         raise ModelError(f"The input size must be a multiple of {net}'s {reduction} px total stride; {size} px is not.")
-    other = next((type(b).__name__ for s in network.stages for b in s.blocks
+    other = next((type(b) for s in network.stages for b in s.blocks
                   if type(b) not in (MaxxVitBlock, MbConvBlock, ConvNeXtBlock)), None)
     if other is not None:
-        raise ModelError(
-            f"This {net} has {other} blocks (CoAtNet's transformer blocks over the whole grid, or the parallel "
-            "block and grid attention), which attnviz cannot reproduce exactly yet, so it refuses it rather "
-            "than show attention weights that may be wrong.")
+        what = UNREAD.get(other, f"{other.__name__} blocks")
+        raise ModelError(f"This {net} has {what}, which attnviz cannot reproduce exactly yet, so it refuses it "
+                         "rather than show attention weights that may be wrong.")
     layouts, biases, attentions, blocks = [], [], [], []
     for s, (stage, grid) in enumerate(zip(network.stages, feature_grids(network, size))):
         index = 0
