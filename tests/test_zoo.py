@@ -40,6 +40,7 @@ SMALL_GCVIT = {"embed_dim": 32, "img_size": 64}  # 2 × 2 windows (4 × 4 in sta
     ("swin_transformer_v2", "swinv2_tiny_window8_256", SMALL_SWIN | {"img_size": 128}, 128),
     ("maxxvit", "maxvit_pico_rw_256", SMALL_MAXVIT, 64),
     ("maxxvit", "maxvit_rmlp_pico_rw_256", SMALL_MAXVIT, 64),
+    ("maxxvit", "coatnet_pico_rw_224", {"depths": (1, 1, 2, 1), "img_size": 64}, 64),
     ("gcvit", "gcvit_xxtiny", SMALL_GCVIT, 64),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
@@ -129,6 +130,17 @@ def test_maxvit_block_and_grid_layers_are_timms_own_partitions():
         assert lay.key_windows is None
     # a grid window's tokens are h/G rows and w/G columns apart: window 0 of stage 1 is rows and columns 0, 4, 8, 12
     assert layouts[1].windows[0].tolist()[:4] == [0, 8, 16, 24] and layouts[3].windows[0][:4].tolist() == [0, 4, 8, 12]
+
+
+def test_coatnet_transformer_layers_are_one_window_of_their_stages_whole_grid():
+    network, layouts = staged_layouts("coatnet_pico_rw_224", {"depths": (1, 1, 2, 1), "img_size": 64}, 64)
+    assert [(lay.stage, lay.block, lay.grid) for lay in layouts] == [(2, 0, (4, 4)), (2, 1, (4, 4)), (3, 0, (2, 2))]
+    for lay in layouts:
+        assert lay.windows.tolist() == [list(range(lay.grid[0] * lay.grid[1]))] and lay.patch == 64 // lay.grid[0]
+    result = walk_one("maxxvit", "coatnet_pico_rw_224", {"depths": (1, 1, 2, 1), "img_size": 64}, 128)
+    assert result.status == "refused" and one_sentence(result.detail)
+    assert result.detail == ("MaxxVit's transformer blocks in stage 3 have a position bias for a 4 × 4 token grid, "
+                             "not the 8 × 8 grid of 128 px inputs; build it with img_size=128.")
 
 
 def test_gcvit_layers_are_timms_own_windows_with_global_queries_in_odd_blocks():

@@ -17,7 +17,7 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm relative position | :mod:`.timm_relpos` | ``RelPosAttention`` (``vit_relpos_*``, ``vit_srelpos_*``) |
 | timm BEiT | :mod:`.timm_beit` | ``beit.Attention`` (BEiT, BEiT v2; per-layer and shared relative position bias) |
 | timm Swin | :mod:`.timm_swin` | Swin ``WindowAttention``, Swin V2's (cosine attention, continuous position bias): stages |
-| timm MaxViT | :mod:`.timm_maxvit` | MaxViT's ``AttentionCl`` / ``Attention2d`` in block and grid partitions (relative-position bias or MLP) between MBConv blocks: stages |
+| timm MaxViT / CoAtNet | :mod:`.timm_maxvit` | MaxViT's ``AttentionCl`` / ``Attention2d`` in block and grid partitions, CoAtNet's ``Attention2d`` over the whole grid (relative-position bias or MLP), between MBConv blocks: stages |
 | timm GC ViT | :mod:`.timm_gcvit` | ``WindowAttentionGlobal`` (window attention, every other block with the stage's global queries): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 

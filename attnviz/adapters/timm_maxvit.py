@@ -15,10 +15,13 @@ the module's own ``get_bias()`` (the fused path hands the same tensor to SDPA as
 the output of the ``qkv`` projection (a Linear for channels-last attention, a 1 × 1 convolution for
 the NCHW variant), laid out per head as ``AttentionCl`` / ``Attention2d`` split it.
 
-Only MaxViT blocks are read; timm's CoAtNet members of the same module (transformer blocks over the whole
-flattened grid, ``TransformerBlock2d``) and the experimental parallel block (``ParallelMaxxVitBlock``) are
-refused in one sentence. The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, attention
-layer within the stage), block attention and grid attention alternating.
+timm's CoAtNet members of the same module (Dai et al. 2021) have instead, after their MBConv stages,
+transformer blocks (``TransformerBlock2d``, NCHW ``Attention2d``) that attend over every token of the stage's
+grid with a relative-position bias built for that grid: one window of all the tokens (W = 1), the first block
+of a stage on the grid its pooled input has (the stage's grid). The experimental parallel block
+(``ParallelMaxxVitBlock``: block and grid attention side by side, concatenated) is refused in one sentence. The
+capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, attention layer within the stage), for
+MaxViT block attention and grid attention alternating.
 """
 from __future__ import annotations
 
@@ -46,7 +49,6 @@ from .tap import Recorder, Tap, channels_first, residual
 
 
 UNREAD = {  # the module's other attention blocks, in words
-    TransformerBlock2d: "CoAtNet's transformer blocks (attention over the whole flattened grid)",
     ParallelMaxxVitBlock: "parallel block and grid attention whose outputs are concatenated",
 }
 
@@ -108,7 +110,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     if size % reduction:
         raise ModelError(f"The input size must be a multiple of {net}'s {reduction} px total stride; {size} px is not.")
     other = next((type(b) for s in network.stages for b in s.blocks
-                  if type(b) not in (MaxxVitBlock, MbConvBlock, ConvNeXtBlock)), None)
+                  if type(b) not in (MaxxVitBlock, TransformerBlock2d, MbConvBlock, ConvNeXtBlock)), None)
     if other is not None:
         what = UNREAD.get(other, f"{other.__name__} blocks")
         raise ModelError(f"This {net} has {what}, which attnviz cannot reproduce exactly yet, so it refuses it "
@@ -117,6 +119,27 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     for s, (stage, grid) in enumerate(zip(network.stages, feature_grids(network, size))):
         index = 0
         for block in stage.blocks:
+            if type(block) is TransformerBlock2d:  # CoAtNet: one window of every token of the stage's grid
+                attn = block.attn
+                if type(attn) is not Attention2d:
+                    raise ModelError(f"{net} has an attention layer attnviz does not know ({type(attn).__name__}), "
+                                     "so it refuses it rather than show attention weights that may be wrong.")
+                built = getattr(attn.rel_pos, "window_size", grid)
+                if tuple(built) != grid:
+                    raise ModelError(
+                        f"{net}'s transformer blocks in stage {s + 1} have a position bias for a {built[0]} × "
+                        f"{built[1]} token grid, not the {grid[0]} × {grid[1]} grid of {size} px inputs; build it "
+                        f"with img_size={size}.")
+                windows = torch.arange(grid[0] * grid[1])[None]  # (1, N)
+                layouts.append(LayerLayout(s, index, grid, size // grid[0], grid, (0, 0), attn.num_heads,
+                                           attn.dim_head, float(attn.scale), windows))
+                bias = attn.rel_pos.get_bias() if attn.rel_pos is not None else None
+                t = windows.shape[1]
+                biases.append(None if bias is None else bias.reshape(1, attn.num_heads, t, t).detach().clone())
+                attentions.append(attn)
+                blocks.append(block)
+                index += 1
+                continue
             if type(block) is not MaxxVitBlock:
                 continue
             for part in (block.attn_block, block.attn_grid):
@@ -155,7 +178,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
                          "read as one model.")
     first = layouts[0]
     return MaxVitAdapter(
-        family="timm MaxViT", attentions=tuple(attentions), blocks=tuple(blocks), num_heads=first.num_heads,
+        family="timm MaxViT / CoAtNet", attentions=tuple(attentions), blocks=tuple(blocks), num_heads=first.num_heads,
         head_dim=first.head_dim, scale=first.scale, patch=first.patch,
         embed_dim=attentions[0].qkv.weight.shape[1], num_prefix_tokens=0, has_class_token=False,
         layouts=tuple(layouts), window_bias=tuple(biases),
@@ -163,4 +186,4 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     )
 
 
-FAMILY = register(Family("timm MaxViT", adapter, recognises=recognises))
+FAMILY = register(Family("timm MaxViT / CoAtNet", adapter, recognises=recognises))
