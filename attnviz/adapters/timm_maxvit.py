@@ -101,6 +101,19 @@ def feature_grids(network: MaxxVit, size: int) -> list[tuple[int, int]]:
     return grids
 
 
+def layout(stage: int, index: int, grid: tuple[int, int], size: int, window: tuple[int, int],
+           attn: torch.nn.Module, windows: torch.Tensor) -> LayerLayout:
+    return LayerLayout(stage, index, grid, size // grid[0], window, (0, 0), attn.num_heads, attn.dim_head,
+                       float(attn.scale), windows)
+
+
+def position_bias(attn: torch.nn.Module, tokens: int) -> torch.Tensor | None:
+    """(1, H, T, T): the relative-position bias the module adds to every window's logits (its SDPA mask), or None."""
+    if attn.rel_pos is None:
+        return None
+    return attn.rel_pos.get_bias().reshape(1, attn.num_heads, tokens, tokens).detach()
+
+
 @torch.no_grad()
 def adapter(network: torch.nn.Module, size: int) -> Adapter:
     net = type(network).__name__
@@ -131,11 +144,8 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
                         f"{built[1]} token grid, not the {grid[0]} × {grid[1]} grid of {size} px inputs; build it "
                         f"with img_size={size}.")
                 windows = torch.arange(grid[0] * grid[1])[None]  # (1, N)
-                layouts.append(LayerLayout(s, index, grid, size // grid[0], grid, (0, 0), attn.num_heads,
-                                           attn.dim_head, float(attn.scale), windows))
-                bias = attn.rel_pos.get_bias() if attn.rel_pos is not None else None
-                t = windows.shape[1]
-                biases.append(None if bias is None else bias.reshape(1, attn.num_heads, t, t).detach().clone())
+                layouts.append(layout(s, index, grid, size, grid, attn, windows))
+                biases.append(position_bias(attn, windows.shape[1]))
                 attentions.append(attn)
                 blocks.append(block)
                 index += 1
@@ -161,11 +171,8 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
                     windows = window_partition_index(grid, window, (0, 0))
                 else:
                     windows = grid_partition_index(grid, window)
-                layouts.append(LayerLayout(s, index, grid, size // grid[0], window, (0, 0), attn.num_heads,
-                                           attn.dim_head, float(attn.scale), windows))
-                bias = attn.rel_pos.get_bias() if attn.rel_pos is not None else None
-                t = windows.shape[1]
-                biases.append(None if bias is None else bias.reshape(1, attn.num_heads, t, t).detach().clone())
+                layouts.append(layout(s, index, grid, size, window, attn, windows))
+                biases.append(position_bias(attn, windows.shape[1]))
                 attentions.append(attn)
                 blocks.append(part)
                 index += 1
