@@ -32,6 +32,8 @@ SMALL_LEVIT = {"embed_dim": (32, 48), "key_dim": 8, "num_heads": (2, 3), "depth"
 SMALL_EFV2 = {"depths": (1, 1, 2, 2), "embed_dims": (16, 24, 32, 48), "mlp_ratios": 2, "num_vit": 1, "img_size": 128}
 SMALL_PVT_LINEAR = {"depths": (1, 1, 1, 1), "embed_dims": (32, 64, 160, 256)}  # pvt_v2_b2_li: 7 × 7 pooled keys
 SMALL_TWINS = {"embed_dims": (32, 64, 128, 256), "num_heads": (1, 2, 4, 8)}
+SMALL_MAXVIT = {"depths": (1, 1, 1, 1), "img_size": 64}  # 2 × 2 block and grid partitions at 64 px
+SMALL_GCVIT = {"embed_dim": 32, "img_size": 64}  # 2 × 2 windows (4 × 4 in stage 3), global queries 2 × 2
 SMALL_CAIT = {"depth": 2, "depth_token_only": 2, "img_size": 64}  # cait_xxs24's width (192, 4 heads): peaked
 # A conv stage, then windows of 7 on a 28 grid (16 windows), a 14 grid (4) and one 7 × 7 window.
 SMALL_TINY_VIT = {"embed_dims": (16, 32, 48, 64), "depths": (1, 2, 1, 1), "num_heads": (1, 2, 3, 2),
@@ -70,6 +72,10 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("twins", "twins_svt_small", SMALL_TWINS | {"depths": (2, 2, 2, 2), "wss": (4, 4, 2, 2)}, 64),
     ("twins", "twins_pcpvt_small", SMALL_TWINS | {"depths": (1, 1, 1, 1)}, 64),
     ("nextvit", "nextvit_small", {"depths": (1, 1, 5, 1)}, 64),
+    ("maxxvit", "maxvit_pico_rw_256", SMALL_MAXVIT, 64),
+    ("maxxvit", "maxvit_rmlp_pico_rw_256", SMALL_MAXVIT, 64),
+    ("maxxvit", "coatnet_pico_rw_224", {"depths": (1, 1, 2, 1), "img_size": 64}, 64),
+    ("gcvit", "gcvit_xxtiny", SMALL_GCVIT, 64),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)

@@ -150,10 +150,12 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
 def per_head_peak(network: torch.nn.Module, factor: float) -> set[torch.nn.Module]:
     """Families whose q/k/v rows are grouped per head, [q (key_dim), k (key_dim), v] for each head (where
     "the first two thirds" would scale some heads' v and miss others' k): TinyViT's and EfficientFormer's
-    ``qkv`` (reshaped to (B, N, H, −1) and split per head) and EfficientViT (MSRA)'s ``qkvs`` (one 1 × 1
-    convolution per head). Their learned attention bias (zero when built) is made random, so the walk
+    ``qkv`` (reshaped to (B, N, H, −1) and split per head), MaxViT's ``qkv`` when ``head_first`` and
+    EfficientViT (MSRA)'s ``qkvs`` (one 1 × 1 convolution per head). Their learned attention bias (zero when built) is made random, so the walk
     checks it too. Returns the projections handled here."""
     from timm.models.efficientformer import Attention as EfficientFormerAttention
+    from timm.models.maxxvit import Attention2d as MaxxVitAttention2d
+    from timm.models.maxxvit import AttentionCl as MaxxVitAttentionCl
 
     handled = set()
     for module in network.modules():
@@ -163,6 +165,14 @@ def per_head_peak(network: torch.nn.Module, factor: float) -> set[torch.nn.Modul
         elif isinstance(module, CascadedGroupAttention):
             for qkv in module.qkvs:
                 qkv.conv.weight[: 2 * module.key_dim] *= factor
+        elif isinstance(module, (MaxxVitAttentionCl, MaxxVitAttention2d)):
+            rows = module.qkv.weight.shape[0]
+            if module.head_first:  # per head [q (d), k (d), v (d)]
+                module.qkv.weight.view(module.num_heads, 3, -1)[:, :2] *= factor
+            else:  # [q | k | v], each of every head
+                module.qkv.weight[: 2 * rows // 3] *= factor
+            handled.add(module.qkv)
+            continue  # its position bias is not a learned table of zeros
         else:
             continue
         module.attention_biases.copy_(2 * torch.randn_like(module.attention_biases))
