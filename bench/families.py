@@ -28,8 +28,26 @@ MODELS = {
     "timm BEiT": "beit_base_patch16_224",  # BEiT has no ViT-S: base
     "timm Swin": "swin_tiny_patch4_window7_224",
     "timm Swin V2": "swinv2_tiny_window8_256",
+    # the families added later in #22, each at its own input size (no img_size passed: several have none)
+    "timm Swin V2 (cr)": "swinv2_cr_tiny_224",
+    "timm NesT": "nest_tiny",
+    "timm TinyViT": "tiny_vit_5m_224",
+    "timm EfficientViT (MSRA)": "efficientvit_m0",
+    "timm EfficientFormer": "efficientformer_l1",
+    "timm EfficientFormer V2": "efficientformerv2_s0",
+    "timm Visformer": "visformer_tiny",
+    "timm SHViT": "shvit_s1",
+    "timm PiT": "pit_s_224",
+    "timm CaiT": "cait_xxs24_224",
+    "timm LeViT": "levit_128s",
+    "timm PVT v2": "pvt_v2_b0",
+    "timm Twins": "twins_svt_small",
+    "timm Next-ViT": "nextvit_small",
+    "timm MaxViT": "maxvit_pico_rw_256",
+    "timm GC ViT": "gcvit_xxtiny",
 }
 SIZES = {"swinv2_tiny_window8_256": 256}  # Swin V2's 8-token windows do not divide the 28 × 28 stage at 224 px
+OWN_SIZE = set(list(MODELS.values())[list(MODELS).index("timm Swin V2 (cr)"):])  # built at their default size
 
 
 def main() -> None:
@@ -44,8 +62,12 @@ def main() -> None:
     for family, name in MODELS.items():
         if args.only and family not in args.only:
             continue
-        size = SIZES.get(name, args.size - args.size % (14 if "patch14" in name else 16))
-        network = timm.create_model(name, pretrained=False, img_size=size)
+        if name in OWN_SIZE:
+            network = timm.create_model(name, pretrained=False)
+            size = int(network.pretrained_cfg["input_size"][-1])
+        else:
+            size = SIZES.get(name, args.size - args.size % (14 if "patch14" in name else 16))
+            network = timm.create_model(name, pretrained=False, img_size=size)
         model = attnviz.wrap(network, name, "random init", size, device=args.device)
         x = torch.randn(1, 3, size, size, device=args.device)
 
@@ -59,7 +81,8 @@ def main() -> None:
         with torch.inference_mode():
             t = medians({"floor": sync(lambda: model.network(x)), "capture": sync(lambda: capture_tensor(model, x))},
                         args.repeats)
-        print(f"| {family} | {name} | {model.num_tokens} | {t['floor'] * 1000:.0f} ms | "
+        tokens = model.adapter.layouts[0].num_tokens if model.adapter.layouts is not None else model.num_tokens
+        print(f"| {family} | {name} | {tokens} | {t['floor'] * 1000:.0f} ms | "
               f"{t['capture'] * 1000:.0f} ms ({t['capture'] / t['floor']:.2f}×) |")
 
 
