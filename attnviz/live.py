@@ -77,8 +77,9 @@ def heatmap_frame(image: Image.Image, settings: LiveSettings) -> LiveFrame:
     view = model.view(image, settings.fit)  # the one preprocessing path: page, CLI and camera alike
     cap = capture_tensor(model, model.to_input(view))
     layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
-    head = settings.head if isinstance(settings.head, str) or settings.head < cap.num_heads else "mean"
-    grid_map = cap.summary_map(layer, head)  # (h, w): the class token's row, or the mean received
+    heads = cap.num_heads(layer) if callable(cap.num_heads) else cap.num_heads  # a staged model's vary by layer
+    head = settings.head if isinstance(settings.head, str) or settings.head < heads else "mean"
+    grid_map = cap.summary_map(layer, head)  # (h, w): the class token's row, or the mean received (at its stage's grid)
     picture = render.overlay(view, grid_map, alpha=settings.alpha, cmap=settings.cmap, smooth=settings.smooth)
     if settings.display > picture.width:
         picture = render.enlarge(picture, settings.display)

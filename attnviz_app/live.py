@@ -183,13 +183,31 @@ def freeze() -> None:
     st.session_state[STOP_KEY] = True
 
 
+def layer_name(model: attnviz.Model, layer: int) -> str:
+    """Layer ``layer`` (1-based) as the page names it: "Stage 2, block 1" in a model with stages."""
+    layouts = model.adapter.layouts
+    if layouts is None:
+        return t("live.layer_n", n=layer)
+    lay = layouts[layer - 1]
+    return t("stages.live_layer", stage=lay.stage + 1, block=lay.block + 1)
+
+
 def layer_and_head(model: attnviz.Model) -> None:
-    """The page's Layer and Head controls (same keys as the views'), drawn here while the stream runs."""
-    heads = [*HEAD_FUSIONS, *range(1, model.num_heads + 1)]
-    if st.session_state.get("layer", 0) > model.depth or st.session_state.get("head", "mean") not in heads:
+    """The page's Layer and Head controls (same keys as the views'), drawn here while the stream runs; in a
+    model with stages the Layer runs through every (stage, block), and the Head list is that layer's."""
+    layouts = model.adapter.layouts
+    if st.session_state.get("layer", 0) > model.depth:
         st.session_state.pop("layer", None)
+    chosen = st.session_state.get("layer", model.depth)
+    count = model.num_heads if layouts is None else layouts[chosen - 1].num_heads
+    heads = [*HEAD_FUSIONS, *range(1, count + 1)]
+    if st.session_state.get("head", "mean") not in heads:
         st.session_state.pop("head", None)
-    st.slider(t("view.layer"), 1, model.depth, model.depth, key="layer")
+    if layouts is None:
+        st.slider(t("view.layer"), 1, model.depth, model.depth, key="layer")
+    else:
+        st.select_slider(t("view.layer"), list(range(1, model.depth + 1)), value=model.depth, key="layer",
+                         format_func=lambda n: layer_name(model, n))
     st.selectbox(
         t("view.head"), heads, key="head",
         format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else str(h),
@@ -210,7 +228,8 @@ def speed_line() -> None:
     if latest is not None and not math.isnan(stats.fps) and not math.isnan(stats.latency_ms):
         head = latest.settings.head
         head = t(f"view.head_{head}") if isinstance(head, str) else t("view.head_n", n=head + 1)
-        st.caption(t("live.speed", layer=latest.settings.layer + 1, head=head, fps=stats.fps, ms=stats.latency_ms))
+        layer = layer_name(latest.settings.model, latest.settings.layer + 1)
+        st.caption(t("live.speed", layer=layer, head=head, fps=stats.fps, ms=stats.latency_ms))
     else:
         st.caption(t("live.waiting_frames"))
 
@@ -257,9 +276,6 @@ _probe = st.components.v2.component("attnviz_camera_probe", js=PROBE_JS)
 def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] | None:
     """Draw the live camera; return the frozen frame (PNG bytes, name) once Freeze was pressed and the
     stream is stopped. While the stream runs, the page stops here (its views need a still photo)."""
-    if model.adapter.layouts is not None:  # issue #22: the stream draws one grid throughout
-        st.info(t("stages.no_live", model=model.public_name))
-        return None
     context = st.session_state.get(STREAM_KEY)
     streaming = context is not None and (context.state.playing or context.state.signalling)
     problem = _probe(key="live_probe", default={"problem": ""}, on_problem_change=lambda: None, height=0).problem

@@ -61,9 +61,14 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     assert not at.exception
     assert "row 29, column 29" in " ".join(h.value for h in at.subheader)  # the middle of the 56 × 56 grid
     assert "shifted by 3 × 3 tokens" in " ".join(c.value for c in at.caption)
-    at.radio(key="source").set_value("live").run()  # the live camera says so in one sentence
-    assert not at.exception
-    assert "The live camera does not draw models with stages yet" in " ".join(i.value for i in at.info)
+    at.radio(key="source").set_value("live").run()  # the live camera: Layer runs through every (stage, block)
+    assert not at.exception and not at.error
+    assert not [i.value for i in at.info if "stages" in i.value]  # no longer turned away
+    from attnviz_app.live import layer_name  # the stream's Layer labels and its speed line
+
+    model = attnviz.load_model(ARCH, 224, checkpoint=owner / f"{ARCH}--random.safetensors")
+    assert [layer_name(model, n) for n in (1, 2, 3, 12)] == [
+        "Stage 1, block 1", "Stage 1, block 2", "Stage 2, block 1", "Stage 4, block 2"]
     at.radio(key="source").set_value("sample").run()
     at.selectbox(key="lang").set_value("zh-TW").run()
     assert not at.exception
@@ -152,6 +157,23 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
             page.wait_for_timeout(800)
             page.screenshot(path=str(shots / f"swin_query_{name}.png"), full_page=False)
             page.close()
+
+
+def test_a_live_frame_of_a_swin_is_the_summary_map_at_its_stage_grid(swin_folder):
+    """The camera's per-frame function on a staged model: the chosen (stage, block)'s summary map."""
+    from conftest import ASSETS
+    from PIL import Image
+
+    from attnviz.live import LiveSettings, heatmap_frame
+
+    model = attnviz.load_model(ARCH, 224, checkpoint=swin_folder / f"{ARCH}--random.safetensors")
+    photo = Image.open(ASSETS / "cat.jpg")
+    cap = attnviz.capture(model, photo)
+    for layer, head, grid in ((1, 2, (56, 56)), (11, 23, (7, 7)), (0, 5, (56, 56))):  # head 5 > stage 1's 3: mean
+        frame = heatmap_frame(photo, LiveSettings(model, layer=layer, head=head))
+        expected = cap.summary_map(layer, head if head < cap.num_heads(layer) else "mean")
+        assert frame.cls_map.shape == grid
+        np.testing.assert_allclose(frame.cls_map, expected, atol=1e-6)
 
 
 def _export(swin_folder, out, *options):
