@@ -130,6 +130,10 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
             weight[: weight.shape[0] // 2] *= factor
         elif leaf in QK_NAMES:
             weight *= factor
+        elif leaf in {"norm_q", "norm_k"}:  # MViTv2 normalises its pooled q and k: a scaled projection would
+            weight *= factor                # be undone by the LayerNorm, so its affine output is scaled instead
+            if getattr(module, "bias", None) is not None:
+                module.bias *= factor
     for module in network.modules():  # LayerScale at ~1e-5 would leave later layers' inputs near the first's
         gamma = getattr(module, "gamma", None)
         if isinstance(gamma, torch.nn.Parameter) and gamma.ndim == 1:

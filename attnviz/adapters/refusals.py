@@ -33,7 +33,6 @@ FAMILIES: dict[str, Missing] = {
                                              "implementation, which has no adapter yet"),
     TIMM + "cait": Missing("talking-heads attention (the heads are mixed before and after the softmax)"),
     TIMM + "pit": Missing("pooling layers that change the number of tokens between its stages"),
-    TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
     TIMM + "levit": Missing("attention with a learned bias in stages that shrink the token grid"),
     TIMM + "tiny_vit": Missing("windowed attention with a learned bias between convolutional stages"),
     TIMM + "twins": Missing("locally grouped attention alternating with globally sub-sampled attention"),
