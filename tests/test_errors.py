@@ -87,8 +87,9 @@ def test_not_a_vit_is_refused_at_wrap():
 def test_sam_padded_windows_and_differential_attention_are_refused_at_wrap():
     sam = timm.create_model("samvit_base_patch16", pretrained=False, img_size=64, depth=2, embed_dim=64,
                             num_heads=2, global_attn_indexes=(), window_size=3)
-    with pytest.raises(ModelError, match=r"At 64 px, VisionTransformerSAM has a 4 × 4 token grid that does not divide "
-                                         r"into its 3 × 3 windows, so the model pads it with tokens that are not in the photo"):
+    padded = (r"At 64 px, VisionTransformerSAM has a 4 × 4 token grid that does not divide into its 3 × 3 windows, "
+              r"so the model pads it with tokens that are not in the photo")
+    with pytest.raises(ModelError, match=padded):
         attnviz.wrap(sam, "sam", "random", 64)
     diff = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, attn_layer="diff")
     with pytest.raises(ModelError, match="cannot yet reproduce differential attention exactly"):
