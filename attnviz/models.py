@@ -201,7 +201,7 @@ def wrap(
     """Wrap a timm ViT you built yourself (e.g. in a notebook) so attnviz can capture it.
 
     Raises :class:`ModelError` (one sentence) for a network attnviz cannot read exactly: not a
-    ViT, an attention family it cannot reproduce (SAM, differential attention, ...), a non-square
+    ViT, an attention family it cannot reproduce (differential attention, ...), a non-square
     input, or a ``size`` the network was not built for.
     """
     if not isinstance(network, torch.nn.Module):

@@ -84,10 +84,12 @@ def test_not_a_vit_is_refused_at_wrap():
         attnviz.wrap("vit_small_patch16_224", "x", "y", 224)
 
 
-def test_sam_and_differential_attention_are_refused_at_wrap():
+def test_sam_padded_windows_and_differential_attention_are_refused_at_wrap():
     sam = timm.create_model("samvit_base_patch16", pretrained=False, img_size=64, depth=2, embed_dim=64,
-                            num_heads=2, global_attn_indexes=(), window_size=2)
-    with pytest.raises(ModelError, match="cannot yet reproduce SAM's windowed attention exactly, so it refuses VisionTransformerSAM"):
+                            num_heads=2, global_attn_indexes=(), window_size=3)
+    padded = (r"At 64 px, VisionTransformerSAM has a 4 × 4 token grid that does not divide into its 3 × 3 windows, "
+              r"so the model pads it with tokens that are not in the photo")
+    with pytest.raises(ModelError, match=padded):
         attnviz.wrap(sam, "sam", "random", 64)
     diff = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, attn_layer="diff")
     with pytest.raises(ModelError, match="cannot yet reproduce differential attention exactly"):

@@ -34,6 +34,7 @@ SMALL_PVT_LINEAR = {"depths": (1, 1, 1, 1), "embed_dims": (32, 64, 160, 256)}  #
 SMALL_TWINS = {"embed_dims": (32, 64, 128, 256), "num_heads": (1, 2, 4, 8)}
 SMALL_MAXVIT = {"depths": (1, 1, 1, 1), "img_size": 64}  # 2 × 2 block and grid partitions at 64 px
 SMALL_GCVIT = {"embed_dim": 32, "img_size": 64}  # 2 × 2 windows (4 × 4 in stage 3), global queries 2 × 2
+SMALL_SAM = {"depth": 3, "embed_dim": 64, "num_heads": 4, "global_attn_indexes": (1,)}  # windowed, global, windowed
 SMALL_CAIT = {"depth": 2, "depth_token_only": 2, "img_size": 64}  # cait_xxs24's width (192, 4 heads): peaked
 # A conv stage, then windows of 7 on a 28 grid (16 windows), a 14 grid (4) and one 7 × 7 window.
 SMALL_TINY_VIT = {"embed_dims": (16, 32, 48, 64), "depths": (1, 2, 1, 1), "num_heads": (1, 2, 3, 2),
@@ -76,6 +77,8 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("maxxvit", "maxvit_rmlp_pico_rw_256", SMALL_MAXVIT, 64),
     ("maxxvit", "coatnet_pico_rw_224", {"depths": (1, 1, 2, 1), "img_size": 64}, 64),
     ("gcvit", "gcvit_xxtiny", SMALL_GCVIT, 64),
+    ("mvitv2", "mvitv2_tiny", {"img_size": 64}, 64),
+    ("vision_transformer_sam", "samvit_base_patch16_224", SMALL_SAM | {"img_size": 448}, 448),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)

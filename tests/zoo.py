@@ -141,6 +141,10 @@ def peak(network: torch.nn.Module, factor: float = PEAK) -> None:
             # (std .02) it scales every logit to ~0 and no head is peaked. Plus the identity: each head keeps
             # its own logits, mixed with the others'.
             weight += torch.eye(weight.shape[0], dtype=weight.dtype, device=weight.device)
+        elif leaf in {"norm_q", "norm_k"}:  # MViTv2 normalises its pooled q and k: a scaled projection would
+            weight *= factor                # be undone by the LayerNorm, so its affine output is scaled instead
+            if getattr(module, "bias", None) is not None:
+                module.bias *= factor
     for module in network.modules():  # LayerScale at ~1e-5 would leave later layers' inputs near the first's
         gamma = getattr(module, "gamma", None)
         if isinstance(gamma, torch.nn.Parameter) and gamma.ndim == 1:

@@ -33,11 +33,12 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm Next-ViT | :mod:`.timm_nextvit` | ``EfficientAttention`` (keys: means of runs of raster tokens): stages |
 | timm MaxViT / CoAtNet | :mod:`.timm_maxvit` | MaxViT's ``AttentionCl`` / ``Attention2d`` in block and grid partitions, CoAtNet's ``Attention2d`` over the whole grid (relative-position bias or MLP), between MBConv blocks: stages |
 | timm GC ViT | :mod:`.timm_gcvit` | ``WindowAttentionGlobal`` (window attention, every other block with the stage's global queries): stages |
+| timm MViTv2 | :mod:`.timm_mvitv2` | ``MultiScaleAttention`` (pooled q and k on their own grids, class token, decomposed relative position from q): stages |
+| timm SAM ViT | :mod:`.timm_sam` | SAM's ``Attention`` (14 × 14 windows and global blocks, decomposed relative position from q) |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
-their stem's stride grid. Anything else (SAM's windowed attention, differential attention, an
-attention class we do not know) is refused with one sentence, never captured as a plausible but wrong
+their stem's stride grid. Anything else (differential attention, an attention class we do not know) is refused with one sentence, never captured as a plausible but wrong
 number; for timm's other families the sentence names what they have (:mod:`.refusals`).
 """
 from __future__ import annotations
@@ -56,7 +57,6 @@ from .tap import Recorder, Tap
 
 # Attention we know and cannot reproduce exactly yet: named in the refusal.
 KNOWN_REFUSALS = {
-    "timm.models.vision_transformer_sam.Attention": "SAM's windowed attention",
     "timm.layers.diff_attention.DiffAttention": "differential attention",
 }
 

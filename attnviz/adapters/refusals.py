@@ -29,7 +29,6 @@ class Missing:
 
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
-    TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
     TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
                            "class-attention layers"),
     TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
