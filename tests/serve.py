@@ -96,3 +96,19 @@ def chromium(extra_args: list[str] = ()):
             yield browser
         finally:
             browser.close()
+
+
+def choose_option(page, box: str, option) -> None:
+    """Open the select box whose input matches CSS ``box`` and click ``option`` (a Playwright locator) in
+    its list. A click during a script re-run can be lost or leave the list closed: the list is opened
+    again (by click, then by keyboard) up to three times before the option is clicked."""
+    for _ in range(3):
+        page.locator(box).first.click()
+        if not option.count():
+            page.keyboard.press("ArrowDown")  # a click that focused the box without opening its list
+        try:
+            option.wait_for(timeout=5_000)
+            break
+        except Exception:
+            page.keyboard.press("Escape")
+    option.click()

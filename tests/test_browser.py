@@ -12,7 +12,7 @@ import attnviz
 from attnviz import render
 from attnviz.images import open_image
 from conftest import ASSETS, ROOT
-from serve import chromium, require_chromium, streamlit_server
+from serve import choose_option, chromium, require_chromium, streamlit_server
 
 SHOTS = ROOT / "screenshots"
 HEATMAP = "[data-testid='stImage'] img"
@@ -62,8 +62,7 @@ def test_upload_then_switch_layer_and_head(server, real_model):
         page.get_by_text("Layer 8, mean of all heads", exact=False).wait_for()
 
         # Head: open the select box and pick head 3
-        page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input").click()
-        page.get_by_role("option", name="head 3", exact=True).click()
+        choose_option(page, ".st-key-head input", page.get_by_role("option", name="head 3", exact=True))
         third = wait_for_new_heatmap(page, second)
         page.get_by_text("Layer 8, head 3: where the class token looks").wait_for()
         assert len({first, second, third}) == 3

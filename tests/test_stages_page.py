@@ -103,15 +103,9 @@ SIZES = {"desktop": (1400, 1000, False), "projector": (1280, 720, False), "phone
 
 def pick(page, key: str, label: str) -> None:
     """Open selectbox ``key`` and choose the option that starts with ``label``."""
-    for _ in range(3):  # a click during a re-run can be lost: open the list again
-        page.locator(f".st-key-{key} input").click()
-        option = page.get_by_role("option").filter(has_text=label).first
-        try:
-            option.wait_for(timeout=5_000)
-            break
-        except Exception:
-            page.keyboard.press("Escape")
-    option.click()
+    from serve import choose_option
+
+    choose_option(page, f".st-key-{key} input", page.get_by_role("option").filter(has_text=label).first)
 
 
 @pytest.mark.browser
