@@ -326,10 +326,18 @@ def nest_blocks_first(softmax: torch.Tensor) -> torch.Tensor:
     return softmax.transpose(1, 2).flatten(0, 1) if softmax.ndim == 5 else softmax
 
 
+def hiera_windows_first(softmax: torch.Tensor) -> torch.Tensor:
+    """Hiera's ``MaskUnitAttention`` attends inside mask units with an extra axis: its mask-unit softmax is
+    (B, H, windows, Tq, Tk) (``qkv.reshape(B, -1, num_windows, 3, heads, d).permute(3, 0, 4, 2, 1, 5)``),
+    heads before windows; its global softmax is (B, H, N, N), one window."""
+    return softmax.transpose(1, 2).flatten(0, 1) if softmax.ndim == 5 else softmax
+
+
 # Per family (timm module), how its recorded softmaxes are put into (windows, H, Tq, Tk) order, where
 # its own axis order is another. Each rule reads the family's timm source, not attnviz's code.
 REFERENCE_ORDER = {
     "nest": nest_blocks_first,
+    "hiera": hiera_windows_first,
 }
 
 
