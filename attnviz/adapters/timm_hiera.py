@@ -89,7 +89,11 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     if len(stride) != 2:
         raise ModelError(f"{net} is built for {len(stride)}-dimensional inputs (video); attnviz reads images only.")
     built = tuple(s * p for s, p in zip(network.tokens_spatial_shape, stride))
-    check_square_size(net, stride[0], size, built, dynamic=False)
+    check_square_size(net, stride[0], size, built, dynamic=True)  # no dynamic size: its own sentence below
+    if built[0] != size:
+        grid = network.tokens_spatial_shape
+        raise ModelError(f"{net} was built for {built[0]} px inputs, not {size} px (its position embedding and token "
+                         f"order are fixed to a {grid[0]} × {grid[1]} token grid); build it with img_size={size}.")
     if any(t % m for t, m in zip(network.tokens_spatial_shape, network.mask_unit_size)):
         raise ModelError(f"{net}'s {network.tokens_spatial_shape[0]} × {network.tokens_spatial_shape[1]} token grid "
                          f"does not divide into its mask units; attnviz cannot lay out its windows.")
