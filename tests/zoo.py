@@ -347,6 +347,14 @@ def reference_of(module: str, network: torch.nn.Module, x: torch.Tensor, cap) ->
     return as_layers([order(s) for s in softmaxes] if order else softmaxes, cap)
 
 
+# Families walked at another size than their default, and why. SAM 2's Hiera (hieradet_sam2) defaults to
+# 896 px, which divides into its windows at every stage, but its first stage then has 224 × 224 = 50176
+# tokens, and the walk compares whole-image N × N matrices (10 GB a head in float32, twice that in float64):
+# it is walked at 224 px, its min_input_size and the smallest size that divides at every stage
+# (windows of 8, 4, 14 and 7 on grids of 56, 28, 14 and 7 tokens).
+WALK_SIZE = {"hieradet_sam2": 224}
+
+
 def input_size(network: torch.nn.Module) -> int:
     return int(network.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
 
@@ -356,7 +364,7 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
     start = time.perf_counter()
     torch.manual_seed(0)
     network = timm.create_model(name, pretrained=False, **(build_kwargs or {})).eval()
-    size = size or input_size(network)
+    size = size or WALK_SIZE.get(module) or input_size(network)
     peak(network)
     untrained_init(module, network, size)
     try:

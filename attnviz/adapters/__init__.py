@@ -31,6 +31,8 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm PVT v2 | :mod:`.timm_pvt_v2` | ``pvt_v2.Attention`` (spatial reduction: keys from a smaller grid): stages |
 | timm Twins | :mod:`.timm_twins` | ``LocallyGroupedAttn`` (windows), ``GlobalSubSampleAttn`` (reduced keys): stages |
 | timm Next-ViT | :mod:`.timm_nextvit` | ``EfficientAttention`` (keys: means of runs of raster tokens): stages |
+| timm Hiera | :mod:`.timm_hiera` | ``MaskUnitAttention`` (mask units in Hiera's unrolled token order, pooled queries, then global): stages |
+| timm HieraDet | :mod:`.timm_hieradet` | ``MultiScaleAttention`` (SAM 2's Hiera: windows or global, pooled queries): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
