@@ -351,7 +351,9 @@ def reference_of(module: str, network: torch.nn.Module, x: torch.Tensor, cap) ->
 # 896 px, which divides into its windows at every stage, but its first stage then has 224 × 224 = 50176
 # tokens, and the walk compares whole-image N × N matrices (10 GB a head in float32, twice that in float64):
 # it is walked at 224 px, its min_input_size and the smallest size that divides at every stage
-# (windows of 8, 4, 14 and 7 on grids of 56, 28, 14 and 7 tokens).
+# (windows of 8, 4, 14 and 7 on grids of 56, 28, 14 and 7 tokens). At 896 px sam2_hiera_tiny was compared
+# window by window (the same max |Δ|: the whole-image matrices are zero off-window) once, by hand: 2.1e-5
+# in float32, 6e-14 in float64.
 WALK_SIZE = {"hieradet_sam2": 224}
 
 
