@@ -30,6 +30,10 @@ SMALL_PIT = {"depth": (1, 1, 1), "img_size": 64}  # 7 × 7, 4 × 4, 2 × 2 token
 SMALL_LEVIT = {"embed_dim": (32, 48), "key_dim": 8, "num_heads": (2, 3), "depth": (1, 1), "img_size": 112}
 # 128 px: stage 3's attention on its 8 × 8 grid strided to 4 × 4, stage 4's queries 4 × 4 over 8 × 8 keys
 SMALL_EFV2 = {"depths": (1, 1, 2, 2), "embed_dims": (16, 24, 32, 48), "mlp_ratios": 2, "num_vit": 1, "img_size": 128}
+# Hiera / HieraDet at 224 px: stages (1, 2, 2, 1), pooled queries at blocks 1, 3, 5; mask units (windows)
+# of 8, 4 (pooled), then global (Hiera) or 14 × 14 windows with block 4 global (HieraDet)
+SMALL_HIERA = {"stages": (1, 2, 2, 1), "embed_dim": 32}
+SMALL_HIERADET = {"stages": (1, 2, 2, 1), "embed_dim": 32, "global_att_blocks": (4,)}
 SMALL_PVT_LINEAR = {"depths": (1, 1, 1, 1), "embed_dims": (32, 64, 160, 256)}  # pvt_v2_b2_li: 7 × 7 pooled keys
 SMALL_TWINS = {"embed_dims": (32, 64, 128, 256), "num_heads": (1, 2, 4, 8)}
 SMALL_MAXVIT = {"depths": (1, 1, 1, 1), "img_size": 64}  # 2 × 2 block and grid partitions at 64 px
@@ -79,6 +83,8 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("gcvit", "gcvit_xxtiny", SMALL_GCVIT, 64),
     ("mvitv2", "mvitv2_tiny", {"img_size": 64}, 64),
     ("vision_transformer_sam", "samvit_base_patch16_224", SMALL_SAM | {"img_size": 448}, 448),
+    ("hiera", "hiera_tiny_224", SMALL_HIERA, 224),
+    ("hieradet_sam2", "sam2_hiera_tiny", SMALL_HIERADET, 224),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)

@@ -340,10 +340,18 @@ def nest_blocks_first(softmax: torch.Tensor) -> torch.Tensor:
     return softmax.transpose(1, 2).flatten(0, 1) if softmax.ndim == 5 else softmax
 
 
+def hiera_windows_first(softmax: torch.Tensor) -> torch.Tensor:
+    """Hiera's ``MaskUnitAttention`` attends inside mask units with an extra axis: its mask-unit softmax is
+    (B, H, windows, Tq, Tk) (``qkv.reshape(B, -1, num_windows, 3, heads, d).permute(3, 0, 4, 2, 1, 5)``),
+    heads before windows; its global softmax is (B, H, N, N), one window."""
+    return softmax.transpose(1, 2).flatten(0, 1) if softmax.ndim == 5 else softmax
+
+
 # Per family (timm module), how its recorded softmaxes are put into (windows, H, Tq, Tk) order, where
 # its own axis order is another. Each rule reads the family's timm source, not attnviz's code.
 REFERENCE_ORDER = {
     "nest": nest_blocks_first,
+    "hiera": hiera_windows_first,
 }
 
 
@@ -351,6 +359,16 @@ def reference_of(module: str, network: torch.nn.Module, x: torch.Tensor, cap) ->
     order = REFERENCE_ORDER.get(module)
     softmaxes = eager_softmaxes(network, x)
     return as_layers([order(s) for s in softmaxes] if order else softmaxes, cap)
+
+
+# Families walked at another size than their default, and why. SAM 2's Hiera (hieradet_sam2) defaults to
+# 896 px, which divides into its windows at every stage, but its first stage then has 224 × 224 = 50176
+# tokens, and the walk compares whole-image N × N matrices (10 GB a head in float32, twice that in float64):
+# it is walked at 224 px, its min_input_size and the smallest size that divides at every stage
+# (windows of 8, 4, 14 and 7 on grids of 56, 28, 14 and 7 tokens). At 896 px sam2_hiera_tiny was compared
+# window by window (the same max |Δ|: the whole-image matrices are zero off-window) once, by hand: 2.1e-5
+# in float32, 6e-14 in float64.
+WALK_SIZE = {"hieradet_sam2": 224}
 
 
 def input_size(network: torch.nn.Module) -> int:
@@ -362,7 +380,7 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
     start = time.perf_counter()
     torch.manual_seed(0)
     network = timm.create_model(name, pretrained=False, **(build_kwargs or {})).eval()
-    size = size or input_size(network)
+    size = size or WALK_SIZE.get(module) or input_size(network)
     peak(network)
     untrained_init(module, network, size)
     try:

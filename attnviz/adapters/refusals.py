@@ -33,8 +33,6 @@ FAMILIES: dict[str, Missing] = {
                            "class-attention layers"),
     TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
                              "softmax)"),
-    TIMM + "hiera": Missing("mask-unit attention inside pooled stages"),
-    TIMM + "hieradet_sam2": Missing("multi-scale attention with pooled queries inside windows"),
     TIMM + "tnt": Missing("attention among the pixels inside each patch as well as between patches"),
     TIMM + "volo": Missing("outlook attention (a local, convolution-like weighting) before its class-attention "
                            "layers"),
