@@ -70,6 +70,8 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("twins", "twins_svt_small", SMALL_TWINS | {"depths": (2, 2, 2, 2), "wss": (4, 4, 2, 2)}, 64),
     ("twins", "twins_pcpvt_small", SMALL_TWINS | {"depths": (1, 1, 1, 1)}, 64),
     ("nextvit", "nextvit_small", {"depths": (1, 1, 5, 1)}, 64),
+    ("convit", "convit_tiny", {"depth": 3, "local_up_to_layer": 2, "img_size": 64}, 64),
+    ("convit", "convit_small", {"depth": 3, "local_up_to_layer": 2, "img_size": 64}, 64),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)

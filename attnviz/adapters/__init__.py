@@ -31,6 +31,7 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm PVT v2 | :mod:`.timm_pvt_v2` | ``pvt_v2.Attention`` (spatial reduction: keys from a smaller grid): stages |
 | timm Twins | :mod:`.timm_twins` | ``LocallyGroupedAttn`` (windows), ``GlobalSubSampleAttn`` (reduced keys): stages |
 | timm Next-ViT | :mod:`.timm_nextvit` | ``EfficientAttention`` (keys: means of runs of raster tokens): stages |
+| timm ConViT | :mod:`.timm_convit` | ``GPSA`` (a gate blends a content and a positional softmax; parts on request), then ``MHSA``: stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

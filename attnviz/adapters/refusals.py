@@ -32,8 +32,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
     TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
                            "class-attention layers"),
-    TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
-                             "softmax)"),
     TIMM + "hiera": Missing("mask-unit attention inside pooled stages"),
     TIMM + "hieradet_sam2": Missing("multi-scale attention with pooled queries inside windows"),
     TIMM + "tnt": Missing("attention among the pixels inside each patch as well as between patches"),
