@@ -244,24 +244,24 @@ class StagedCapture:
     def row(self, layer: int, head: Head, query: int = 0, part: str | None = None) -> np.ndarray:
         return fuse_heads(self.layer_rows(layer, query, part), head).cpu().numpy()
 
-    def query_map(self, layer: int, head: Head, query: int = 0) -> np.ndarray:
+    def query_map(self, layer: int, head: Head, query: int = 0, part: str | None = None) -> np.ndarray:
         """(h, w) at the keys' grid of this layer: token ``query``'s attention, zero outside its window."""
         lay = self.layout(layer)
-        return self.row(layer, head, query)[lay.num_key_prefix:].reshape(lay.keys_grid)
+        return self.row(layer, head, query, part)[lay.num_key_prefix:].reshape(lay.keys_grid)
 
-    def cls_map(self, layer: int, head: Head) -> np.ndarray:
+    def cls_map(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
         """(h, w): the class token's attention over the patches at ``layer``, where it is a query there."""
         if not self.layout(layer).class_row:
             raise NoClassTokenError(
                 "this layer has no class-token row (the model has no class token, or it does not attend here); "
                 "use mean_received_map() (the attention each patch receives from the queries of its window) "
                 "or query_map() for one patch")
-        return self.query_map(layer, head, 0)
+        return self.query_map(layer, head, 0, part)
 
-    def mean_received_map(self, layer: int, head: Head) -> np.ndarray:
+    def mean_received_map(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
         """(h, w) at the keys' grid: the attention each patch receives, averaged over the queries of its window."""
         lay = self.layout(layer)
-        received = fuse_heads(self.window_weights(layer).transpose(0, 1), head).mean(-2)  # (W, Tk)
+        received = fuse_heads(self.window_weights(layer, part).transpose(0, 1), head).mean(-2)  # (W, Tk)
         keys = lay.keys.reshape(-1)
         flat = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, received.reshape(-1))
         count = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, torch.ones_like(received.reshape(-1)))
@@ -272,10 +272,10 @@ class StagedCapture:
         """``"cls"`` where the class token attends at ``layer`` (its row is the summary), else ``"mean_received"``."""
         return "cls" if self.layout(layer).class_row else "mean_received"
 
-    def summary_map(self, layer: int, head: Head) -> np.ndarray:
+    def summary_map(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
         if self.summary_kind(layer) == "cls":
-            return self.cls_map(layer, head)
-        return self.mean_received_map(layer, head)
+            return self.cls_map(layer, head, part)
+        return self.mean_received_map(layer, head, part)
 
     def window_mask(self, layer: int, token: int) -> np.ndarray:
         """(h, w) bool at the keys' grid: the patches query ``token`` attends within at ``layer`` (after the shift)."""
@@ -296,7 +296,7 @@ PARTS = (None, "content", "positional")  # None: the weights the model uses (a b
 def blended(content: torch.Tensor, gate: torch.Tensor, positional: torch.Tensor) -> torch.Tensor:
     """normalise((1 − gate) · content + gate · positional) over the last axis, in ConViT's order of
     operations: ``content`` (..., H, Tq, Tk) or (H, Tk), ``gate`` (H,), ``positional`` broadcastable to content."""
-    g = gate.to(content.dtype).reshape(-1, *([1] * (2 if content.ndim > 2 else 1)))  # heads' axis: −3, or −2 in a row
+    g = gate.to(content.dtype).reshape(-1, *([1] * (2 if content.ndim > 2 else 1)))  # heads: axis −3 (a row: −2)
     out = (1.0 - g) * content + g * positional.to(content.dtype)
     return out / out.sum(dim=-1, keepdim=True)
 

@@ -109,6 +109,9 @@ def test_each_part_answers_rows_maps_and_weights_as_the_whole_matrix_does():
                 assert (cap.layer_rows(layer, query, part) - full[:, query]).abs().max() < 1e-6
                 assert np.abs(cap.row(layer, 1, query, part) - full[1, query].numpy()).max() < 1e-6
             assert np.abs(cap.weights(layer, "mean", part) - full.mean(0).numpy()).max() < 1e-6
+            assert np.abs(cap.query_map(layer, 2, 5, part) - full[2, 5].reshape(4, 4).numpy()).max() < 1e-6
+            received = full.mean(0).mean(0).reshape(4, 4).numpy()  # the 16 queries of the one window, heads' mean
+            assert np.abs(cap.summary_map(layer, "mean", part) - received).max() < 1e-6
         assert cap.mean_received_map(layer, 0).shape == (4, 4)
     assert cap.cls_map(2, 0).shape == (4, 4)
     with pytest.raises(ValueError, match="no positional part"):
