@@ -12,8 +12,11 @@ The same layout describes the other shapes timm's hierarchical families have: ke
 than the queries (pooled or sub-sampled keys: ``key_grid``, ``key_windows``), prefix tokens before the
 grid cells (a class token: ``prefix``, ``key_prefix``), queries that are only some tokens (CaiT's
 class attention: the class token alone), one window of every token (global attention, W = 1), a bias
-computed from the image (put by the adapter after the pass) and talking heads (an (H, H) mix of the
-heads' logits before the softmax).
+computed from the image (put by the adapter after the pass), talking heads (an (H, H) mix of the
+heads' logits before the softmax) and a gated blend with weights fixed by the model (ConViT's gated
+positional self-attention: per head h, normalise((1 − g_h) · softmax(content logits) + g_h · P_h), the
+gate g (H,) and the positional weights P (W, H, Tq, Tk) computed once at wrap time, ``blend``). Where a
+layer has a blend, its two parts are there on request (:meth:`StagedCapture.part_weights`).
 
 A :class:`StagedCapture` keeps each layer's q and k per window, O(L · N · d), and answers what a
 :class:`~attnviz.capture.Capture` answers, per layer at that layer's grid: the whole-image matrix, a
@@ -123,6 +126,9 @@ class StagedCapture:
     has_class_token: bool = False
     summary: str = "mean_received"
     mix: tuple[torch.Tensor | None, ...] = ()  # per layer (H, H): talking heads' mix of the logits, or None
+    # per layer None or (gate (H,), positional weights (W, H, Tq, Tk)): the weights are
+    # normalise((1 − gate) · content + gate · positional), content the softmax of the logits (ConViT's GPSA)
+    blend: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] = ()
 
     @property
     def num_layers(self) -> int:
@@ -159,65 +165,103 @@ class StagedCapture:
     def _mix(self, layer: int) -> torch.Tensor | None:
         return self.mix[layer] if self.mix else None
 
-    def window_weights(self, layer: int) -> torch.Tensor:
-        """(W, H, Tq, Tk): every window's weights, as the model computes them."""
+    def _blend(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.blend[layer] if self.blend else None
+
+    def gate(self, layer: int) -> torch.Tensor | None:
+        """(H,): the weight of the positional part in each head of a blended layer (None: no blend)."""
+        self.layout(layer)
+        blend = self._blend(layer)
+        return None if blend is None else blend[0]
+
+    def _part(self, layer: int, part: str | None) -> str | None:
+        if part not in PARTS:
+            raise ValueError(f"part must be one of {', '.join(repr(p) for p in PARTS)}, not {part!r}")
+        if part == "positional" and self._blend(layer) is None:
+            raise ValueError(f"layer {layer} has no positional part: its weights are the softmax of q · kᵀ alone")
+        return part
+
+    def window_weights(self, layer: int, part: str | None = None) -> torch.Tensor:
+        """(W, H, Tq, Tk): every window's weights, as the model computes them; ``part`` ``"content"`` or
+        ``"positional"``: that part of a blended layer's weights (``"content"`` of any other layer: its weights)."""
         lay = self.layout(layer)
+        part = self._part(layer, part)
+        blend = self._blend(layer)
+        if part == "positional":
+            return blend[1].expand(lay.num_windows, lay.num_heads, -1, -1)
         q, k = self.query[layer], self.key[layer]  # (H, W, Tq, d_k), (H, W, Tk, d_k)
         bias = self.bias[layer]
         scores = mixed_softmax(q, k, lay.scale, None if bias is None else bias.transpose(0, 1), self._mix(layer))
-        return scores.transpose(0, 1)
+        scores = scores.transpose(0, 1)
+        if blend is None or part == "content":
+            return scores
+        return blended(scores, *blend)
 
-    def layer_weights(self, layer: int) -> torch.Tensor:
+    def part_weights(self, layer: int, part: str) -> torch.Tensor:
+        """(H, Nq, Nk): ``"content"`` (softmax of q · kᵀ) or ``"positional"`` part of a blended layer's weights."""
+        return self.layer_weights(layer, part)
+
+    def layer_weights(self, layer: int, part: str | None = None) -> torch.Tensor:
         """(H, Nq, Nk) over the whole image: each window's block, zero between windows (and in the rows of
         tokens that are not queries at this layer)."""
         lay = self.layout(layer)
-        ww = self.window_weights(layer)  # (W, H, Tq, Tk)
+        ww = self.window_weights(layer, part)  # (W, H, Tq, Tk)
         full = torch.zeros(lay.num_heads, lay.num_tokens, lay.num_keys, dtype=ww.dtype)
         for w, (rows, cols) in enumerate(zip(lay.windows, lay.keys)):
             full[:, rows[:, None], cols[None, :]] = ww[w]
         return full
 
-    def layer_rows(self, layer: int, query: int = 0) -> torch.Tensor:
+    def layer_rows(self, layer: int, query: int = 0, part: str | None = None) -> torch.Tensor:
         """(H, Nk): token ``query``'s row in every head, zero outside its window. Costs O(H · Tk · d_k)."""
         lay = self.layout(layer)
         query = whole(query, "query token")
         if not 0 <= query < lay.num_tokens:
             raise IndexError(f"query token {query} is outside 0…{lay.num_tokens - 1}")
+        part = self._part(layer, part)
         w, t = lay.window_of(query)
-        q = self.query[layer][:, w, t : t + 1]  # (H, 1, d_k)
-        bias = self.bias[layer]
-        if bias is not None:  # (W, H, Tq, Tk), or 1 where it is the same for every window, head or query
-            bias = bias[min(w, bias.shape[0] - 1)]
-            bias = bias[:, min(t, bias.shape[1] - 1)][:, None]  # (H, 1, Tk)
-        row = mixed_softmax(q, self.key[layer][:, w], lay.scale, bias, self._mix(layer))[:, 0]  # (H, Tk)
+        blend = self._blend(layer)
+        if blend is not None:
+            positional = blend[1]
+            positional = positional[min(w, positional.shape[0] - 1)][:, min(t, positional.shape[2] - 1)]  # (H, Tk)
+        if part == "positional":
+            row = positional.expand(lay.num_heads, -1)
+        else:
+            q = self.query[layer][:, w, t : t + 1]  # (H, 1, d_k)
+            bias = self.bias[layer]
+            if bias is not None:  # (W, H, Tq, Tk), or 1 where it is the same for every window, head or query
+                bias = bias[min(w, bias.shape[0] - 1)]
+                bias = bias[:, min(t, bias.shape[1] - 1)][:, None]  # (H, 1, Tk)
+            row = mixed_softmax(q, self.key[layer][:, w], lay.scale, bias, self._mix(layer))[:, 0]  # (H, Tk)
+            if blend is not None and part is None:
+                row = blended(row, blend[0], positional)
         full = torch.zeros(lay.num_heads, lay.num_keys, dtype=row.dtype)
         full[:, lay.keys[w]] = row
         return full
 
-    def weights(self, layer: int, head: Head) -> np.ndarray:
-        return fuse_heads(self.layer_weights(layer), head).cpu().numpy()
+    def weights(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
+        return fuse_heads(self.layer_weights(layer, part), head).cpu().numpy()
 
-    def row(self, layer: int, head: Head, query: int = 0) -> np.ndarray:
-        return fuse_heads(self.layer_rows(layer, query), head).cpu().numpy()
+    def row(self, layer: int, head: Head, query: int = 0, part: str | None = None) -> np.ndarray:
+        return fuse_heads(self.layer_rows(layer, query, part), head).cpu().numpy()
 
-    def query_map(self, layer: int, head: Head, query: int = 0) -> np.ndarray:
+    def query_map(self, layer: int, head: Head, query: int = 0, part: str | None = None) -> np.ndarray:
         """(h, w) at the keys' grid of this layer: token ``query``'s attention, zero outside its window."""
         lay = self.layout(layer)
-        return self.row(layer, head, query)[lay.num_key_prefix:].reshape(lay.keys_grid)
+        return self.row(layer, head, query, part)[lay.num_key_prefix:].reshape(lay.keys_grid)
 
-    def cls_map(self, layer: int, head: Head) -> np.ndarray:
+    def cls_map(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
         """(h, w): the class token's attention over the patches at ``layer``, where it is a query there."""
         if not self.layout(layer).class_row:
             raise NoClassTokenError(
                 "this layer has no class-token row (the model has no class token, or it does not attend here); "
                 "use mean_received_map() (the attention each patch receives from the queries of its window) "
                 "or query_map() for one patch")
-        return self.query_map(layer, head, 0)
+        return self.query_map(layer, head, 0, part)
 
-    def mean_received_map(self, layer: int, head: Head) -> np.ndarray:
+    def mean_received_map(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
         """(h, w) at the keys' grid: the attention each patch receives, averaged over the queries of its window."""
         lay = self.layout(layer)
-        received = fuse_heads(self.window_weights(layer).transpose(0, 1), head).mean(-2)  # (W, Tk)
+        received = fuse_heads(self.window_weights(layer, part).transpose(0, 1), head).mean(-2)  # (W, Tk)
         keys = lay.keys.reshape(-1)
         flat = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, received.reshape(-1))
         count = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, torch.ones_like(received.reshape(-1)))
@@ -228,10 +272,10 @@ class StagedCapture:
         """``"cls"`` where the class token attends at ``layer`` (its row is the summary), else ``"mean_received"``."""
         return "cls" if self.layout(layer).class_row else "mean_received"
 
-    def summary_map(self, layer: int, head: Head) -> np.ndarray:
+    def summary_map(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
         if self.summary_kind(layer) == "cls":
-            return self.cls_map(layer, head)
-        return self.mean_received_map(layer, head)
+            return self.cls_map(layer, head, part)
+        return self.mean_received_map(layer, head, part)
 
     def window_mask(self, layer: int, token: int) -> np.ndarray:
         """(h, w) bool at the keys' grid: the patches query ``token`` attends within at ``layer`` (after the shift)."""
@@ -244,6 +288,17 @@ class StagedCapture:
         stages = ", ".join(f"{self.layouts[s[0]].grid[0]}×{self.layouts[s[0]].grid[1]}" for s in self.stages)
         return (f"StagedCapture({self.num_layers} layers in {len(self.stages)} stages at grids {stages}, "
                 f"{self.nbytes / 2**20:.1f} MB)")
+
+
+PARTS = (None, "content", "positional")  # None: the weights the model uses (a blended layer's mix)
+
+
+def blended(content: torch.Tensor, gate: torch.Tensor, positional: torch.Tensor) -> torch.Tensor:
+    """normalise((1 − gate) · content + gate · positional) over the last axis, in ConViT's order of
+    operations: ``content`` (..., H, Tq, Tk) or (H, Tk), ``gate`` (H,), ``positional`` broadcastable to content."""
+    g = gate.to(content.dtype).reshape(-1, *([1] * (2 if content.ndim > 2 else 1)))  # heads: axis −3 (a row: −2)
+    out = (1.0 - g) * content + g * positional.to(content.dtype)
+    return out / out.sum(dim=-1, keepdim=True)
 
 
 def mixed_softmax(query: torch.Tensor, key: torch.Tensor, scale: float, bias: torch.Tensor | None = None,
@@ -289,4 +344,5 @@ def capture_staged(model, x: torch.Tensor) -> StagedCapture:
         seconds=seconds, token_norms=tuple(recorder.norms), num_prefix_tokens=layouts[-1].prefix,
         has_class_token=has_class_token, summary="cls" if has_class_token else "mean_received",
         mix=tuple(adapter.window_mix) if adapter.window_mix is not None else (),
+        blend=tuple(adapter.window_blend) if adapter.window_blend is not None else (),
     )

@@ -85,6 +85,8 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("vision_transformer_sam", "samvit_base_patch16_224", SMALL_SAM | {"img_size": 448}, 448),
     ("hiera", "hiera_tiny_224", SMALL_HIERA, 224),
     ("hieradet_sam2", "sam2_hiera_tiny", SMALL_HIERADET, 224),
+    ("convit", "convit_tiny", {"depth": 3, "local_up_to_layer": 2, "img_size": 64}, 64),
+    ("convit", "convit_small", {"depth": 3, "local_up_to_layer": 2, "img_size": 64}, 64),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)

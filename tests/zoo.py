@@ -237,6 +237,16 @@ def untrained_init(module: str, network: torch.nn.Module, size: int) -> None:
             for bn, rows in scaled:
                 for p in (bn.weight, bn.bias):
                     p.view(heads, -1)[:, :rows] *= BATCHNORM_PEAK
+    if module == "convit":
+        # GPSA's q and k come from one Linear ``qk`` (rows [q, k]), which peak() does not name: both halves
+        # are scaled as peak() scales the others'. Its gate σ(gating_param) starts at σ(1) in every head:
+        # drawn N(0, 1) so each head's blend of content and positional weights differs and the walk checks
+        # that the gate is laid on the right head.
+        generator = torch.Generator().manual_seed(4)
+        for m in network.modules():
+            if hasattr(m, "gating_param") and hasattr(m, "qk"):
+                m.qk.weight *= PEAK
+                m.gating_param.copy_(torch.randn(m.gating_param.shape, generator=generator))
     if module in CALIBRATE_BATCHNORM:  # in train mode each BatchNorm normalises with the batch's statistics
         for m in norms:  # and keeps them: later ones see the peaked attention's outputs
             m.reset_running_stats()
@@ -287,15 +297,52 @@ def recorded_softmax(seen: list[torch.Tensor]):
         torch.softmax, torch.Tensor.softmax, F.softmax, F.scaled_dot_product_attention = originals
 
 
-def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """Every softmax a private eager copy of ``network`` computes on ``x``, in order."""
+def convit_gpsa(network: torch.nn.Module) -> list[torch.nn.Module]:
+    from timm.models.convit import GPSA
+
+    return [m for m in network.modules() if isinstance(m, GPSA)]
+
+
+# Per family (timm module), the attention modules whose final weights are not one softmax: the function
+# lists them in the twin. ConViT's gated positional self-attention (GPSA) takes two softmaxes, of the
+# content logits q · kᵀ · scale and of the positional scores pos_proj(rel_indices), and its weights are
+# their gated blend, renormalised: neither softmax is the layer's weights. For each such module the
+# softmaxes taken inside it are dropped and, in their place, timm's own ``get_attention`` is called on the
+# input the module received (a hook on the twin): what the module multiplies v by, by timm's formula,
+# not re-implemented here.
+FINAL_WEIGHTS = {
+    "convit": convit_gpsa,
+}
+
+
+def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor, module: str | None = None) -> list[torch.Tensor]:
+    """Every softmax a private eager copy of ``network`` computes on ``x``, in order (for a family in
+    FINAL_WEIGHTS, each listed module's ``get_attention`` instead of the softmaxes inside it)."""
     twin = copy.deepcopy(network)
-    for module in twin.modules():
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False
+    for m in twin.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = False
     seen: list[torch.Tensor] = []
-    with torch.no_grad(), recorded_softmax(seen):
-        twin(x)
+    handles = []
+    for m in FINAL_WEIGHTS[module](twin) if module in FINAL_WEIGHTS else ():
+        mark: list[int] = []
+
+        def before(_m, _args, mark=mark) -> None:
+            mark.append(len(seen))
+
+        def after(m, args, _out, mark=mark) -> None:
+            start = mark.pop()
+            weights = m.get_attention(args[0]).detach()  # timm's final weights on this module's input
+            del seen[start:]  # the softmaxes taken inside the module (its forward's and this call's)
+            seen.append(weights)
+
+        handles += [m.register_forward_pre_hook(before), m.register_forward_hook(after)]
+    try:
+        with torch.no_grad(), recorded_softmax(seen):
+            twin(x)
+    finally:
+        for handle in handles:
+            handle.remove()
     return stacked_heads(twin, seen)
 
 
@@ -357,7 +404,7 @@ REFERENCE_ORDER = {
 
 def reference_of(module: str, network: torch.nn.Module, x: torch.Tensor, cap) -> list[torch.Tensor]:
     order = REFERENCE_ORDER.get(module)
-    softmaxes = eager_softmaxes(network, x)
+    softmaxes = eager_softmaxes(network, x, module)
     return as_layers([order(s) for s in softmaxes] if order else softmaxes, cap)
 
 

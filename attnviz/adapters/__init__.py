@@ -37,6 +37,7 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm SAM ViT | :mod:`.timm_sam` | SAM's ``Attention`` (14 × 14 windows and global blocks, decomposed relative position from q) |
 | timm Hiera | :mod:`.timm_hiera` | ``MaskUnitAttention`` (mask units in Hiera's unrolled token order, pooled queries, then global): stages |
 | timm HieraDet | :mod:`.timm_hieradet` | ``MultiScaleAttention`` (SAM 2's Hiera: windows or global, pooled queries): stages |
+| timm ConViT | :mod:`.timm_convit` | ``GPSA`` (a gate blends a content and a positional softmax; parts on request), then ``MHSA``: stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

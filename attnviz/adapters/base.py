@@ -33,6 +33,10 @@ class Adapter:
     # Talking heads (CaiT, EfficientFormer V2): per layer an (H, H) matrix that mixes the heads' logits
     # before the bias and the softmax, or None.
     window_mix: tuple | None = field(default=None, repr=False)
+    # A gated blend after the softmax (ConViT's GPSA): per layer None or (gate (H,), positional weights
+    # (W, H, Tq, Tk)), fixed by the weights and the grid; the weights are
+    # normalise((1 − gate) · softmax(logits) + gate · positional) (attnviz.stages.blended).
+    window_blend: tuple | None = field(default=None, repr=False)
     # A block's output → the (N, D) tokens whose norms the capture keeps (channels_first for (1, C, h, w)).
     read_tokens: Callable = field(default=residual, repr=False)
 

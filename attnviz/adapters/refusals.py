@@ -31,8 +31,6 @@ TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
     TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
                            "class-attention layers"),
-    TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
-                             "softmax)"),
     TIMM + "tnt": Missing("attention among the pixels inside each patch as well as between patches"),
     TIMM + "volo": Missing("outlook attention (a local, convolution-like weighting) before its class-attention "
                            "layers"),
