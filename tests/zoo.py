@@ -112,7 +112,9 @@ def members(module: str, count: int = 2) -> list[str]:
     return [name for _, name in sorted(sizes)[:count]]
 
 
-QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj"}
+# "qk": TNT's (and ConViT's) one Linear whose rows are [q; k] (its v is a separate Linear ``v``): all its
+# rows are q or k. "wq", "wk": CrossViT's cross-attention projections.
+QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj", "qk", "wq", "wk"}
 
 
 @torch.no_grad()

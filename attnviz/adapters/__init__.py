@@ -132,6 +132,6 @@ def tap_of(network: torch.nn.Module, adapter: Adapter) -> Tap:
     tap = Tap(modules)
     for layer in range(adapter.depth):
         adapter.attach(layer, tap)
-        tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.read_tokens)
+        tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.tokens_reader(layer))
     network._attnviz_tap = tap  # travels with the network: deepcopy and pickle copy it with the hooks
     return tap

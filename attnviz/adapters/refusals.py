@@ -36,7 +36,6 @@ FAMILIES: dict[str, Missing] = {
                              "softmax)"),
     TIMM + "hiera": Missing("mask-unit attention inside pooled stages"),
     TIMM + "hieradet_sam2": Missing("multi-scale attention with pooled queries inside windows"),
-    TIMM + "tnt": Missing("attention among the pixels inside each patch as well as between patches"),
     TIMM + "volo": Missing("outlook attention (a local, convolution-like weighting) before its class-attention "
                            "layers"),
     TIMM + "davit": Missing("window attention alternating with attention between channels"),
