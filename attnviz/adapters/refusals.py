@@ -41,7 +41,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "davit": Missing("window attention alternating with attention between channels"),
     TIMM + "gcvit": Missing("window attention with global queries made by a convolutional path"),
     TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
-    TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
     TIMM + "fastvit": Missing("attention in its last stage only, after RepMixer convolution stages",
                               without="RepMixer convolutions"),
     TIMM + "metaformer": Missing("attention stages after convolutional ones", without="pooling or convolutions"),
