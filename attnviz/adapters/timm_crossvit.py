@@ -103,7 +103,13 @@ class CrossVitAdapter(Adapter):
 def adapter(network: torch.nn.Module, size: int) -> Adapter:
     net = type(network).__name__
     built = tuple(network.img_size)
-    check_square_size(net, 1, size, built, dynamic=False)
+    check_square_size(net, 1, size, None, dynamic=False)
+    if built[0] != built[1]:
+        raise ModelError(f"{net} was built for {built[0]} × {built[1]} px inputs; attnviz needs a square input "
+                         "(build it with a square img_size).")
+    if size != built[0]:  # the model resizes any photo to its branches' sides: those are its only tokens
+        raise ModelError(f"{net} was built for {built[0]} px inputs (it resizes any other photo to that), not "
+                         f"{size} px; build it with img_size={size}.")
     grids, patches = [], []
     for i, embed in enumerate(network.patch_embed):
         (h, w), (ph, pw) = embed.img_size, embed.patch_size

@@ -78,7 +78,14 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     if patch % side:
         raise ModelError(f"{net}'s {patch} px patches hold {side} × {side} pixel tokens, which do not tile them "
                          "evenly, so attnviz cannot lay its pixel tokens on the photo.")
-    check_square_size(net, patch, size, tuple(embed.img_size), dynamic=False)
+    check_square_size(net, patch, size, None, dynamic=False)
+    built = tuple(embed.img_size)
+    if built[0] != built[1]:
+        raise ModelError(f"{net} was built for {built[0]} × {built[1]} px inputs; attnviz needs a square input "
+                         "(build it with a square img_size).")
+    if size != built[0]:
+        raise ModelError(f"{net} was built for {built[0]} px inputs (its position embedding is a fixed "
+                         f"{built[0] // patch} × {built[1] // patch} grid), not {size} px; build it with img_size={size}.")
     patches = (size // patch, size // patch)
     fine = (patches[0] * side, patches[1] * side)
     inner = window_partition_index(fine, (side, side), (0, 0))  # (N, p²): patch n's pixel tokens
