@@ -31,6 +31,8 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm PVT v2 | :mod:`.timm_pvt_v2` | ``pvt_v2.Attention`` (spatial reduction: keys from a smaller grid): stages |
 | timm Twins | :mod:`.timm_twins` | ``LocallyGroupedAttn`` (windows), ``GlobalSubSampleAttn`` (reduced keys): stages |
 | timm Next-ViT | :mod:`.timm_nextvit` | ``EfficientAttention`` (keys: means of runs of raster tokens): stages |
+| timm TNT | :mod:`.timm_tnt` | TNT's ``Attention``: inside each patch among its pixel tokens (windows on the fine grid), then over the class token and patches: stages |
+| timm CrossViT | :mod:`.timm_crossvit` | ``Attention`` per branch, ``CrossAttention`` (a class token over the other branch's patches): one stage per branch |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
