@@ -76,6 +76,9 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("pvt_v2", "pvt_v2_b2_li", SMALL_PVT_LINEAR, 64),
     ("twins", "twins_svt_small", SMALL_TWINS | {"depths": (2, 2, 2, 2), "wss": (4, 4, 2, 2)}, 64),
     ("twins", "twins_pcpvt_small", SMALL_TWINS | {"depths": (1, 1, 1, 1)}, 64),
+    ("tnt", "tnt_s_patch16_224", {"depth": 2, "img_size": 64}, 64),  # 4 × 4 patches of 4 × 4 pixel tokens
+    ("tnt", "tnt_s_legacy_patch16_224", {"depth": 2, "img_size": 64}, 64),
+    ("crossvit", "crossvit_tiny_240", {"depth": ((1, 2, 0), (1, 1, 0)), "img_size": 120}, 120),  # 10 × 10, 7 × 7
     ("nextvit", "nextvit_small", {"depths": (1, 1, 5, 1)}, 64),
     ("maxxvit", "maxvit_pico_rw_256", SMALL_MAXVIT, 64),
     ("maxxvit", "maxvit_rmlp_pico_rw_256", SMALL_MAXVIT, 64),

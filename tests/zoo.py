@@ -112,7 +112,9 @@ def members(module: str, count: int = 2) -> list[str]:
     return [name for _, name in sorted(sizes)[:count]]
 
 
-QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj"}
+# "qk": TNT's (and ConViT's) one Linear whose rows are [q; k] (its v is a separate Linear ``v``): all its
+# rows are q or k. "wq", "wk": CrossViT's cross-attention projections.
+QK_NAMES = {"q", "k", "to_q", "to_k", "query", "key", "q_proj", "k_proj", "qk", "wq", "wk"}
 
 
 @torch.no_grad()
@@ -238,14 +240,12 @@ def untrained_init(module: str, network: torch.nn.Module, size: int) -> None:
                 for p in (bn.weight, bn.bias):
                     p.view(heads, -1)[:, :rows] *= BATCHNORM_PEAK
     if module == "convit":
-        # GPSA's q and k come from one Linear ``qk`` (rows [q, k]), which peak() does not name: both halves
-        # are scaled as peak() scales the others'. Its gate σ(gating_param) starts at σ(1) in every head:
-        # drawn N(0, 1) so each head's blend of content and positional weights differs and the walk checks
-        # that the gate is laid on the right head.
+        # (GPSA's q and k come from one Linear ``qk``, rows [q, k], which peak() scales as QK_NAMES says.)
+        # Its gate σ(gating_param) starts at σ(1) in every head: drawn N(0, 1) so each head's blend of content
+        # and positional weights differs and the walk checks that the gate is laid on the right head.
         generator = torch.Generator().manual_seed(4)
         for m in network.modules():
             if hasattr(m, "gating_param") and hasattr(m, "qk"):
-                m.qk.weight *= PEAK
                 m.gating_param.copy_(torch.randn(m.gating_param.shape, generator=generator))
     if module in CALIBRATE_BATCHNORM:  # in train mode each BatchNorm normalises with the batch's statistics
         for m in norms:  # and keeps them: later ones see the peaked attention's outputs

@@ -38,6 +38,8 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm Hiera | :mod:`.timm_hiera` | ``MaskUnitAttention`` (mask units in Hiera's unrolled token order, pooled queries, then global): stages |
 | timm HieraDet | :mod:`.timm_hieradet` | ``MultiScaleAttention`` (SAM 2's Hiera: windows or global, pooled queries): stages |
 | timm ConViT | :mod:`.timm_convit` | ``GPSA`` (a gate blends a content and a positional softmax; parts on request), then ``MHSA``: stages |
+| timm TNT | :mod:`.timm_tnt` | TNT's ``Attention``: inside each patch among its pixel tokens (windows on the fine grid), then over the class token and patches: stages |
+| timm CrossViT | :mod:`.timm_crossvit` | ``Attention`` per branch, ``CrossAttention`` (a class token over the other branch's patches): one stage per branch |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
@@ -137,6 +139,6 @@ def tap_of(network: torch.nn.Module, adapter: Adapter) -> Tap:
     tap = Tap(modules)
     for layer in range(adapter.depth):
         adapter.attach(layer, tap)
-        tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.read_tokens)
+        tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.tokens_reader(layer))
     network._attnviz_tap = tap  # travels with the network: deepcopy and pickle copy it with the hooks
     return tap

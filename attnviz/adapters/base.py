@@ -37,8 +37,14 @@ class Adapter:
     # (W, H, Tq, Tk)), fixed by the weights and the grid; the weights are
     # normalise((1 − gate) · softmax(logits) + gate · positional) (attnviz.stages.blended).
     window_blend: tuple | None = field(default=None, repr=False)
-    # A block's output → the (N, D) tokens whose norms the capture keeps (channels_first for (1, C, h, w)).
-    read_tokens: Callable = field(default=residual, repr=False)
+    # A block's output → the (N, D) tokens whose norms the capture keeps (channels_first for (1, C, h, w));
+    # or a tuple, one such function per layer, where two layers share a block whose output holds both
+    # layers' tokens (TNT's block returns its pixel and its patch tokens).
+    read_tokens: Callable | tuple = field(default=residual, repr=False)
+
+    def tokens_reader(self, layer: int) -> Callable:
+        """The function that reads layer ``layer``'s tokens from its block's output."""
+        return self.read_tokens[layer] if isinstance(self.read_tokens, tuple) else self.read_tokens
 
     @property
     def depth(self) -> int:
