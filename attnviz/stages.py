@@ -123,6 +123,7 @@ class StagedCapture:
     has_class_token: bool = False
     summary: str = "mean_received"
     mix: tuple[torch.Tensor | None, ...] = ()  # per layer (H, H): talking heads' mix of the logits, or None
+    note: str | None = None  # the adapter's ``unread``: locale key of why some of the model's layers are not read
 
     @property
     def num_layers(self) -> int:
@@ -288,5 +289,5 @@ def capture_staged(model, x: torch.Tensor) -> StagedCapture:
         query=tuple(recorder.query), key=tuple(recorder.key), bias=bias, layouts=layouts, input=x, output=output,
         seconds=seconds, token_norms=tuple(recorder.norms), num_prefix_tokens=layouts[-1].prefix,
         has_class_token=has_class_token, summary="cls" if has_class_token else "mean_received",
-        mix=tuple(adapter.window_mix) if adapter.window_mix is not None else (),
+        mix=tuple(adapter.window_mix) if adapter.window_mix is not None else (), note=adapter.unread,
     )

@@ -35,6 +35,10 @@ class Adapter:
     window_mix: tuple | None = field(default=None, repr=False)
     # A block's output → the (N, D) tokens whose norms the capture keeps (channels_first for (1, C, h, w)).
     read_tokens: Callable = field(default=residual, repr=False)
+    # A staged family with layers that have no token-to-token map (XCiT's channel attention, VOLO's outlook
+    # attention, DaViT's channel blocks), which are not read: the locale key (``stages.unread_…``) of the one
+    # sentence the page shows to say why; None when every attention layer is read.
+    unread: str | None = None
 
     @property
     def depth(self) -> int:

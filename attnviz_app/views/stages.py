@@ -59,6 +59,8 @@ def intro(model, cap) -> str:
     classy = sum(lay.class_row for lay in layouts)
     if classy:
         text.append(t("stages.intro_class", n=classy, total=len(layouts)))
+    if getattr(cap, "note", None):  # layers of the model that have no token map, and why
+        text.append(t(cap.note))
     return " ".join(text)
 
 
