@@ -30,15 +30,11 @@ class Missing:
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
     TIMM + "mvitv2": Missing("pooled attention, whose queries and keys are pooled to different token grids"),
-    TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
-                           "class-attention layers"),
     TIMM + "convit": Missing("gated positional self-attention (a learned gate mixes a positional and a content "
                              "softmax)"),
     TIMM + "hiera": Missing("mask-unit attention inside pooled stages"),
     TIMM + "hieradet_sam2": Missing("multi-scale attention with pooled queries inside windows"),
     TIMM + "tnt": Missing("attention among the pixels inside each patch as well as between patches"),
-    TIMM + "volo": Missing("outlook attention (a local, convolution-like weighting) before its class-attention "
-                           "layers"),
     TIMM + "davit": Missing("window attention alternating with attention between channels"),
     TIMM + "gcvit": Missing("window attention with global queries made by a convolutional path"),
     TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
