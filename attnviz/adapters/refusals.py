@@ -35,7 +35,6 @@ FAMILIES: dict[str, Missing] = {
     TIMM + "hiera": Missing("mask-unit attention inside pooled stages"),
     TIMM + "hieradet_sam2": Missing("multi-scale attention with pooled queries inside windows"),
     TIMM + "tnt": Missing("attention among the pixels inside each patch as well as between patches"),
-    TIMM + "davit": Missing("window attention alternating with attention between channels"),
     TIMM + "gcvit": Missing("window attention with global queries made by a convolutional path"),
     TIMM + "maxxvit": Missing("block and grid attention with a learned bias between MBConv blocks"),
     TIMM + "crossvit": Missing("two branches of patches of different sizes joined by cross-attention"),
