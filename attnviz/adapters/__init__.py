@@ -31,6 +31,9 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm PVT v2 | :mod:`.timm_pvt_v2` | ``pvt_v2.Attention`` (spatial reduction: keys from a smaller grid): stages |
 | timm Twins | :mod:`.timm_twins` | ``LocallyGroupedAttn`` (windows), ``GlobalSubSampleAttn`` (reduced keys): stages |
 | timm Next-ViT | :mod:`.timm_nextvit` | ``EfficientAttention`` (keys: means of runs of raster tokens): stages |
+| timm XCiT | :mod:`.timm_xcit` | CaiT's ``ClassAttn`` in ``ClassAttentionBlock`` (its ``XCA`` channel attention has no token map: unread) |
+| timm VOLO | :mod:`.timm_volo` | ``volo.Attention``, then ``ClassAttention`` (its ``OutlookAttention`` has no query–key map: unread): stages |
+| timm DaViT | :mod:`.timm_davit` | DaViT ``WindowAttention`` (its ``ChannelAttention`` blocks have no token map: unread): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

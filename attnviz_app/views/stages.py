@@ -45,8 +45,9 @@ def _size(grid: tuple[int, int]) -> str:
 def intro(model, cap) -> str:
     """What this model's stages are, in a few measured facts: grids, windows, pooled keys, class attention."""
     stages, layouts = cap.stages, cap.layouts
-    text = [t("stages.intro", model=model.public_name, stages=len(stages),
-              grids=", ".join(_size(cap.grid(s[0])) for s in stages))]
+    grids = ", ".join(_size(cap.grid(s[0])) for s in stages)
+    text = [t("stages.intro" if len(stages) > 1 else "stages.intro_one", model=model.public_name,
+              stages=len(stages), grids=grids)]
     windowed = [lay for lay in layouts if lay.num_windows > 1]
     if windowed:
         text.append(t("stages.intro_windows", windows=", ".join(sorted({_size(lay.window) for lay in windowed}))))
