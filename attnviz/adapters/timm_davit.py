@@ -75,7 +75,8 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
                 raise ModelError(
                     f"At {size} px, stage {s + 1} of {net} has a {grid[0]} × {grid[1]} token grid that does not "
                     f"divide into {window[0]} × {window[1]} windows, so the model pads it with tokens that are not in "
-                    "the photo; attnviz refuses that size rather than show them (use a size where every stage divides).")
+                    "the photo; attnviz refuses that size rather than show them (use a size where every stage "
+                    "divides).")
             attn = block.attn
             heads = attn.num_heads
             head_dim = attn.qkv.weight.shape[0] // 3 // heads
