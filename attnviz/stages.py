@@ -129,6 +129,7 @@ class StagedCapture:
     # per layer None or (gate (H,), positional weights (W, H, Tq, Tk)): the weights are
     # normalise((1 − gate) · content + gate · positional), content the softmax of the logits (ConViT's GPSA)
     blend: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...] = ()
+    note: str | None = None  # the adapter's ``unread``: locale key of why some of the model's layers are not read
 
     @property
     def num_layers(self) -> int:
@@ -344,5 +345,5 @@ def capture_staged(model, x: torch.Tensor) -> StagedCapture:
         seconds=seconds, token_norms=tuple(recorder.norms), num_prefix_tokens=layouts[-1].prefix,
         has_class_token=has_class_token, summary="cls" if has_class_token else "mean_received",
         mix=tuple(adapter.window_mix) if adapter.window_mix is not None else (),
-        blend=tuple(adapter.window_blend) if adapter.window_blend is not None else (),
+        blend=tuple(adapter.window_blend) if adapter.window_blend is not None else (), note=adapter.unread,
     )

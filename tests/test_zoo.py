@@ -90,6 +90,10 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("hieradet_sam2", "sam2_hiera_tiny", SMALL_HIERADET, 224),
     ("convit", "convit_tiny", {"depth": 3, "local_up_to_layer": 2, "img_size": 64}, 64),
     ("convit", "convit_small", {"depth": 3, "local_up_to_layer": 2, "img_size": 64}, 64),
+    ("xcit", "xcit_nano_12_p8_224", {"depth": 1, "embed_dim": 384, "num_heads": 8}, 64),
+    ("volo", "volo_d1_224", {"img_size": 64}, 64),
+    ("davit", "davit_tiny", {"depths": (1, 1, 1, 1), "embed_dims": (32, 64, 96, 128), "num_heads": (1, 2, 3, 4),
+                             "window_size": 4}, 128),
 ])
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)

@@ -315,15 +315,44 @@ FINAL_WEIGHTS = {
 }
 
 
-def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor, module: str | None = None) -> list[torch.Tensor]:
-    """Every softmax a private eager copy of ``network`` computes on ``x``, in order (for a family in
-    FINAL_WEIGHTS, each listed module's ``get_attention`` instead of the softmaxes inside it)."""
+# Softmaxes that are not token-to-token attention, named by the timm class of the module that computes them
+# (read from each family's timm source): XCiT's ``XCA`` (cross-covariance attention, a channels × channels
+# softmax per head), VOLO's ``OutlookAttention`` (each location's k² × k² weights come from a Linear of that
+# token alone, no query-key product) and DaViT's ``ChannelAttention`` / ``ChannelAttentionV2`` (channels ×
+# channels). The eager twin's modules of these classes are hooked, and every softmax recorded between one's
+# call and its return is dropped from the reference (the family's adapter does not read those layers).
+NOT_TOKEN_ATTENTION = {
+    "xcit": ("timm.models.xcit.XCA",),
+    "volo": ("timm.models.volo.OutlookAttention",),
+    "davit": ("timm.models.davit.ChannelAttention", "timm.models.davit.ChannelAttentionV2"),
+}
+
+
+def not_token_attention(module: str | None, network: torch.nn.Module, seen: list) -> tuple[list, list]:
+    """Hooks on ``network``'s modules of the classes :data:`NOT_TOKEN_ATTENTION` names for ``module``: each
+    call appends (first, end) indices of ``seen`` recorded inside it. Returns (ranges, hook handles)."""
+    names = set(NOT_TOKEN_ATTENTION.get(module, ()))
+    ranges, handles, start = [], [], {}
+    for m in network.modules():
+        if f"{type(m).__module__}.{type(m).__qualname__}" not in names:
+            continue
+        handles.append(m.register_forward_pre_hook(lambda m, _args: start.__setitem__(m, len(seen))))
+        handles.append(m.register_forward_hook(lambda m, _args, _out: ranges.append((start.pop(m), len(seen)))))
+    return ranges, handles
+
+
+def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor, module: str | None = None,
+                    dropped: list | None = None) -> list[torch.Tensor]:
+    """Every softmax a private eager copy of ``network`` computes on ``x``, in order, less those that are not
+    token attention in the timm family ``module`` (:data:`NOT_TOKEN_ATTENTION`; appended to ``dropped``),
+    and for a family in :data:`FINAL_WEIGHTS` each listed module's ``get_attention`` instead of the
+    softmaxes inside it."""
     twin = copy.deepcopy(network)
     for m in twin.modules():
         if hasattr(m, "fused_attn"):
             m.fused_attn = False
     seen: list[torch.Tensor] = []
-    handles = []
+    ranges, handles = not_token_attention(module, twin, seen)
     for m in FINAL_WEIGHTS[module](twin) if module in FINAL_WEIGHTS else ():
         mark: list[int] = []
 
@@ -343,7 +372,10 @@ def eager_softmaxes(network: torch.nn.Module, x: torch.Tensor, module: str | Non
     finally:
         for handle in handles:
             handle.remove()
-    return stacked_heads(twin, seen)
+    drop = {i for first, end in ranges for i in range(first, end)}
+    if dropped is not None:
+        dropped.extend(seen[i] for i in sorted(drop))
+    return stacked_heads(twin, [s for i, s in enumerate(seen) if i not in drop])
 
 
 def stacked_heads(network: torch.nn.Module, seen: list[torch.Tensor]) -> list[torch.Tensor]:

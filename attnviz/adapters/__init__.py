@@ -40,6 +40,9 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm ConViT | :mod:`.timm_convit` | ``GPSA`` (a gate blends a content and a positional softmax; parts on request), then ``MHSA``: stages |
 | timm TNT | :mod:`.timm_tnt` | TNT's ``Attention``: inside each patch among its pixel tokens (windows on the fine grid), then over the class token and patches: stages |
 | timm CrossViT | :mod:`.timm_crossvit` | ``Attention`` per branch, ``CrossAttention`` (a class token over the other branch's patches): one stage per branch |
+| timm XCiT | :mod:`.timm_xcit` | CaiT's ``ClassAttn`` in ``ClassAttentionBlock`` (its ``XCA`` channel attention has no token map: unread) |
+| timm VOLO | :mod:`.timm_volo` | ``volo.Attention``, then ``ClassAttention`` (its ``OutlookAttention`` has no query–key map: unread): stages |
+| timm DaViT | :mod:`.timm_davit` | DaViT ``WindowAttention`` (its ``ChannelAttention`` blocks have no token map: unread): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
 
 The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

@@ -45,6 +45,10 @@ class Adapter:
     def tokens_reader(self, layer: int) -> Callable:
         """The function that reads layer ``layer``'s tokens from its block's output."""
         return self.read_tokens[layer] if isinstance(self.read_tokens, tuple) else self.read_tokens
+    # A staged family with layers that have no token-to-token map (XCiT's channel attention, VOLO's outlook
+    # attention, DaViT's channel blocks), which are not read: the locale key (``stages.unread_…``) of the one
+    # sentence the page shows to say why; None when every attention layer is read.
+    unread: str | None = None
 
     @property
     def depth(self) -> int:

@@ -29,11 +29,6 @@ class Missing:
 
 TIMM = "timm.models."
 FAMILIES: dict[str, Missing] = {
-    TIMM + "xcit": Missing("cross-covariance attention over channels (no token-to-token map) before its "
-                           "class-attention layers"),
-    TIMM + "volo": Missing("outlook attention (a local, convolution-like weighting) before its class-attention "
-                           "layers"),
-    TIMM + "davit": Missing("window attention alternating with attention between channels"),
     TIMM + "fastvit": Missing("attention in its last stage only, after RepMixer convolution stages",
                               without="RepMixer convolutions"),
     TIMM + "metaformer": Missing("attention stages after convolutional ones", without="pooling or convolutions"),

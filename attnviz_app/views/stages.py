@@ -45,8 +45,9 @@ def _size(grid: tuple[int, int]) -> str:
 def intro(model, cap) -> str:
     """What this model's stages are, in a few measured facts: grids, windows, pooled keys, class attention."""
     stages, layouts = cap.stages, cap.layouts
-    text = [t("stages.intro", model=model.public_name, stages=len(stages),
-              grids=", ".join(_size(cap.grid(s[0])) for s in stages))]
+    grids = ", ".join(_size(cap.grid(s[0])) for s in stages)
+    text = [t("stages.intro" if len(stages) > 1 else "stages.intro_one", model=model.public_name,
+              stages=len(stages), grids=grids)]
     windowed = [lay for lay in layouts if lay.num_windows > 1]
     if windowed:
         text.append(t("stages.intro_windows", windows=", ".join(sorted({_size(lay.window) for lay in windowed}))))
@@ -59,6 +60,8 @@ def intro(model, cap) -> str:
     classy = sum(lay.class_row for lay in layouts)
     if classy:
         text.append(t("stages.intro_class", n=classy, total=len(layouts)))
+    if getattr(cap, "note", None):  # layers of the model that have no token map, and why
+        text.append(t(cap.note))
     return " ".join(text)
 
 
