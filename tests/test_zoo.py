@@ -51,7 +51,8 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
 
 # ---- fast: small builds of a few families --------------------------------------------------------
 
-@pytest.mark.parametrize("module, name, kwargs, size", [
+# (timm module, model, build kwargs, input size): small builds of every family, a few seconds each
+SMALL_BUILDS = [
     ("vision_transformer_hybrid", "vit_tiny_r_s16_p8_224", {"depth": 2}, 224),
     ("vitamin", "vitamin_small_224", {"depth": 2}, 224),
     ("beit", "beit_base_patch16_224", {"depth": 2, "img_size": 64, "embed_dim": 64, "num_heads": 4}, 64),
@@ -94,7 +95,10 @@ SMALL_EFFICIENTFORMER = {"depths": (1, 1, 1, 2), "embed_dims": (16, 16, 32, 768)
     ("volo", "volo_d1_224", {"img_size": 64}, 64),
     ("davit", "davit_tiny", {"depths": (1, 1, 1, 1), "embed_dims": (32, 64, 96, 128), "num_heads": (1, 2, 3, 4),
                              "window_size": 4}, 128),
-])
+]
+
+
+@pytest.mark.parametrize("module, name, kwargs, size", SMALL_BUILDS)
 def test_small_members_are_exact_when_peaked(module, name, kwargs, size):
     result = walk_one(module, name, kwargs, size)
     assert result.status == "exact", result.detail
