@@ -58,6 +58,8 @@ from .images import ImageError
 from .photos import read_photo
 from .masks import DEFAULT_MASS, mass_mask
 from .models import Fit, Model, ModelError, load_model
+from .stage_stats import staged_head_values
+from .stages import StagedCapture
 from .stats import head_stats
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
@@ -89,8 +91,11 @@ RECORDS = pa.schema([
     ("prefix_share", pa.list_(pa.float64())),
     ("top_patch", pa.list_(pa.int32())),
     ("mass60_fraction", pa.list_(pa.float64())),
+    ("keys_grid_h", pa.list_(pa.int32())),  # the keys' grid of the row's layer: where top_patch lies
+    ("keys_grid_w", pa.list_(pa.int32())),
 ])
-HEAD_COLUMNS = ("layer", "head", "entropy", "distance_px", "prefix_share", "top_patch", "mass60_fraction")
+HEAD_COLUMNS = ("layer", "head", "entropy", "distance_px", "prefix_share", "top_patch", "mass60_fraction",
+                "keys_grid_h", "keys_grid_w")
 IMAGE_COLUMNS = ("path", "digest", "width", "height", "format", "input_size", "grid_h", "grid_w",
                  "num_prefix_tokens", "seconds", "top5_labels", "top5_probs")
 ERROR_COLUMNS = ("path", "digest", "error_key", "error", "error_values")
@@ -107,11 +112,7 @@ class RunConfig:
     store: Store = "none"
 
     def load(self, device: str | None = "cpu") -> Model:
-        model = load_model(self.model, self.size, checkpoint=self.checkpoint, device=device)
-        if model.adapter.layouts is not None:  # issue #22: a run's tables assume one token grid throughout
-            raise ModelError(f"{model.public_name} has stages with a different token grid each, which attnviz "
-                             "dataset cannot summarise yet; read it in Python with attnviz.capture.")
-        return model
+        return load_model(self.model, self.size, checkpoint=self.checkpoint, device=device)
 
 
 # --- Which files -------------------------------------------------------------------------------
@@ -169,8 +170,11 @@ def summary_maps(cap: Capture, layer: int) -> np.ndarray:
     return np.stack([cap.summary_map(layer, head) for head in range(cap.num_heads)])
 
 
-def head_values(cap: Capture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarray]:
-    """Per (layer, head), flattened in that order: the statistics of one image's capture, each (L · H,)."""
+def head_values(cap: Capture | StagedCapture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarray]:
+    """Per (layer, head), flattened in that order: the statistics of one image's capture, each (L · H,)
+    (Σ_l H_l for a model with stages: each layer at its own grids, :mod:`attnviz.stage_stats`)."""
+    if isinstance(cap, StagedCapture):
+        return staged_head_values(cap, mass)
     stats = head_stats(cap)  # entropy, distance, prefix share: (L, H)
     shape = (cap.num_layers, cap.num_heads)
     top = np.zeros(shape, dtype=np.int32)
@@ -184,6 +188,7 @@ def head_values(cap: Capture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarra
         "layer": layers.ravel().astype(np.int32), "head": heads.ravel().astype(np.int32),
         "entropy": stats.entropy.ravel(), "distance_px": stats.distance.ravel(),
         "prefix_share": stats.prefix_share.ravel(), "top_patch": top.ravel(), "mass60_fraction": held.ravel(),
+        "keys_grid_h": np.full(top.size, cap.grid[0], np.int32), "keys_grid_w": np.full(top.size, cap.grid[1], np.int32),
     }
 
 
@@ -227,12 +232,13 @@ def analyse(
             rows.append(_error_record(path, digest, "unusable", f"{path}: {e}.", {"name": path, "reason": str(e)}))
             continue
         top = model.top_classes(cap.output)
+        grid = cap.grid(0) if isinstance(cap, StagedCapture) else cap.grid  # with stages: the first layer's
         if save is not None and captures is not None:
             save(cap, captures / f"{digest}.npz", path, checked.image.size)
         rows.append({
             "path": path, "digest": digest, "width": checked.image.width, "height": checked.image.height,
-            "format": checked.format, "input_size": int(cap.input.shape[-1]), "grid_h": cap.grid[0],
-            "grid_w": cap.grid[1], "num_prefix_tokens": cap.num_prefix_tokens, "seconds": cap.seconds,
+            "format": checked.format, "input_size": int(cap.input.shape[-1]), "grid_h": grid[0],
+            "grid_w": grid[1], "num_prefix_tokens": cap.num_prefix_tokens, "seconds": cap.seconds,
             "top5_labels": [label for label, _ in top] if top else None,
             "top5_probs": [p for _, p in top] if top else None,
             **{name: values.tolist() for name, values in head_values(cap).items()},
@@ -583,5 +589,9 @@ def _stored_capture(path: Path, model: Model) -> Capture | None:
         cap = load_capture(path)
     except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
         return None
-    fits = tuple(cap.grid) == tuple(model.grid) and cap.input.shape[-1] == model.size
-    return cap if fits else None
+    if isinstance(cap, StagedCapture):
+        fits = [(lay.grid, lay.keys_grid, lay.num_heads) for lay in cap.layouts] == [
+            (lay.grid, lay.keys_grid, lay.num_heads) for lay in model.adapter.layouts or ()]
+    else:
+        fits = tuple(cap.grid) == tuple(model.grid)
+    return cap if fits and cap.input.shape[-1] == model.size else None

@@ -218,7 +218,11 @@ HEADS = pa.schema([
     ("path", pa.string()), ("digest", pa.string()), ("layer", pa.int32()), ("head", pa.int32()),
     ("entropy", pa.float64()), ("distance_px", pa.float64()), ("prefix_share", pa.float64()),
     ("top_patch", pa.int32()), ("mass60_fraction", pa.float64()),
+    ("keys_grid_h", pa.int32()), ("keys_grid_w", pa.int32()),  # the grid top_patch lies on: its layer's keys' grid
 ])
+# Columns a part may lack: runs written before models with stages were summarised (issue #22), whose
+# top_patch lies on the image's grid (images: grid_h, grid_w).
+OPTIONAL = {"heads": ("keys_grid_h", "keys_grid_w")}
 IMAGES = pa.schema([
     ("path", pa.string()), ("digest", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
     ("format", pa.string()), ("input_size", pa.int32()), ("grid_h", pa.int32()), ("grid_w", pa.int32()),
@@ -235,11 +239,13 @@ EPS = 1e-6  # float rounding at the ends of a statistic's range
 RANGES = {  # the values a run can hold, per column; anything else was not written by attnviz dataset
     "layer": (0, MAX_DEPTH - 1), "head": (0, MAX_DEPTH - 1),
     "entropy": (-EPS, 20.0),  # nats: at most log N (< 14 even for 1-pixel patches at MAX_SIZE)
+    # NaN where no grid cell is a query at that layer (a model with stages: CaiT's class attention)
     "distance_px": (0.0, MAX_SIZE * math.sqrt(2)), "prefix_share": (-EPS, 1 + EPS),
     "top_patch": (0, MAX_SIZE**2 - 1), "mass60_fraction": (0.0, 1 + EPS),
     "width": (1, 2**31 - 1), "height": (1, 2**31 - 1), "input_size": (1, MAX_SIZE),
-    "grid_h": (1, MAX_SIZE), "grid_w": (1, MAX_SIZE), "num_prefix_tokens": (0, MAX_SIZE), "seconds": (0.0, 1e9),
+    "grid_h": (1, MAX_SIZE), "grid_w": (1, MAX_SIZE), "keys_grid_h": (1, MAX_SIZE), "keys_grid_w": (1, MAX_SIZE), "num_prefix_tokens": (0, MAX_SIZE), "seconds": (0.0, 1e9),
 }
+NAN_ALLOWED = ("distance_px",)
 DIGEST = r"^[0-9a-f]{64}$"
 ERROR_KEY = r"^[a-z0-9_]{1,40}$"
 
@@ -262,7 +268,8 @@ def _same_kind(found: pa.DataType, wanted: pa.DataType) -> bool:
 def read_part(path: Path, table: str, name: str, columns: tuple[str, ...], max_rows: int = MAX_PART_ROWS,
               dictionary: tuple[str, ...] = ()) -> pa.Table:
     """``columns`` of one part of ``table``, after its footer is checked: at most ``max_rows`` rows, its
-    size in memory bounded, every column of the table present with the right kind of values."""
+    size in memory bounded, every column of the table present with the right kind of values (those of
+    :data:`OPTIONAL` may be missing, and are then left out of what is read)."""
     schema = SCHEMAS[table]
     with open_file(path, MAX_PART_BYTES, name) as f:
         try:
@@ -278,6 +285,9 @@ def read_part(path: Path, table: str, name: str, columns: tuple[str, ...], max_r
             raise problem("file_memory", name=name, size=_amount(in_memory), limit=_amount(MAX_PART_MEMORY))
         for wanted in schema:
             index = found.get_field_index(wanted.name)
+            if index < 0 and wanted.name in OPTIONAL.get(table, ()):
+                columns = tuple(c for c in columns if c != wanted.name)
+                continue
             if index < 0:
                 raise problem("file_column_missing", name=name, column=wanted.name, table=table)
             if not _same_kind(found.field(index).type, wanted.type):
@@ -314,6 +324,10 @@ def _check_values(table: pa.Table, name: str) -> None:
                 raise problem("file_empty_values", name=name, column=column)
             if len(values) == 0:
                 continue
+            if column in NAN_ALLOWED and pa.types.is_floating(values.type):
+                values = pc.drop_null(pc.if_else(pc.is_nan(values), None, values))
+                if len(values) == 0:
+                    continue
             if pa.types.is_floating(values.type) and not pc.all(pc.is_finite(values)).as_py():
                 raise problem("file_out_of_range", name=name, column=column, low=RANGES[column][0],
                               high=RANGES[column][1])
@@ -352,12 +366,24 @@ class OpenedRun:
     heads: pa.Table  # COMPACT: image (int32), layer, head (int16), the statistics (float32), top_patch (int32)
     errors: pa.Table  # path, error_key, error, error_values (a JSON object)
     num_layers: int
-    num_heads: int
+    num_heads: int  # the most heads of any layer
     left_out: tuple[RunFileError, ...] = ()
+    heads_per_layer: tuple[int, ...] = ()  # (L,): a model with stages has its own count per layer
+    layer_grids: tuple[tuple[int, int], ...] = ()  # (L,) (h, w): the grid each layer's top_patch lies on
+
+    def heads_of(self, layer: int) -> int:
+        """Heads of ``layer`` (0-based)."""
+        return self.heads_per_layer[layer] if self.heads_per_layer else self.num_heads
+
+    @property
+    def staged(self) -> bool:
+        """Whether the layers differ in heads or grid (a model with stages)."""
+        return len(set(self.heads_per_layer)) > 1 or len(set(self.layer_grids)) > 1
 
 
 IMAGE_COLUMNS = ("path", "digest", "input_size", "grid_h", "grid_w")
-HEAD_COLUMNS = ("path", "layer", "head", "entropy", "distance_px", "prefix_share", "top_patch", "mass60_fraction")
+HEAD_COLUMNS = ("path", "layer", "head", "entropy", "distance_px", "prefix_share", "top_patch", "mass60_fraction",
+                "keys_grid_h", "keys_grid_w")
 ERROR_COLUMNS = ("path", "error_key", "error", "error_values")
 COMPACT = pa.schema([
     ("image", pa.int32()), ("layer", pa.int16()), ("head", pa.int16()), ("entropy", pa.float32()),
@@ -411,7 +437,24 @@ def signature(out: str | Path) -> tuple:
     return tuple(key)
 
 
-def _batch(out: Path, stem: str, heads_path: Path | None) -> tuple[pa.Table, pa.Table, tuple[int, int]]:
+@dataclass(frozen=True)
+class Layout:
+    """A run's layers as its heads rows say: each layer's head count and the grid its top_patch lies on."""
+
+    heads: tuple[int, ...]  # (L,)
+    grids: tuple[tuple[int, int], ...]  # (L,) (h, w): the layer's keys' grid
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.heads)
+
+    @property
+    def num_heads(self) -> int:
+        """The most heads of any layer (every layer's, for a model without stages)."""
+        return max(self.heads, default=0)
+
+
+def _batch(out: Path, stem: str, heads_path: Path | None) -> tuple[pa.Table, pa.Table, Layout]:
     """One batch (its images part and the heads part of the same stem), checked; heads refer to images by index."""
     images_name, heads_name = f"images/{stem}.parquet", f"heads/{stem}.parquet"
     images = read_part(out / images_name, "images", images_name, IMAGE_COLUMNS)
@@ -434,16 +477,28 @@ def _batch(out: Path, stem: str, heads_path: Path | None) -> tuple[pa.Table, pa.
     image = where[path.indices.to_numpy()]  # (rows,): the photo of each row, its index in this batch's images
     if (image < 0).any():
         raise problem("file_other_photos", name=heads_name, images=images_name)
-    layer, head = heads["layer"].to_numpy(), heads["head"].to_numpy()
-    layers, per_layer = int(layer.max()) + 1, int(head.max()) + 1
-    cells = images.num_rows * layers * per_layer
-    if heads.num_rows != cells or np.bincount((image * layers + layer) * per_layer + head, minlength=cells).max() != 1:
+    layer, head = heads["layer"].to_numpy().astype(np.int64), heads["head"].to_numpy().astype(np.int64)
+    layers = int(layer.max()) + 1
+    per_layer = np.zeros(layers, np.int64)  # (L,): heads of each layer (a model with stages: its own count each)
+    np.maximum.at(per_layer, layer, head + 1)
+    first = np.concatenate([[0], np.cumsum(per_layer)[:-1]])  # (L,): the layer's first cell among a photo's
+    cells = images.num_rows * int(per_layer.sum())
+    if (per_layer == 0).any() or heads.num_rows != cells or np.bincount(
+            image * int(per_layer.sum()) + first[layer] + head, minlength=cells).max() != 1:
         raise problem("file_grid", name=heads_name)
-    grid = (images["grid_h"].to_numpy().astype(np.int64) * images["grid_w"].to_numpy())[image]  # (rows,) patches
-    if (heads["top_patch"].to_numpy() >= grid).any():
+    if "keys_grid_h" in heads.column_names:  # each row's own grid: its layer's keys' grid
+        grid_h, grid_w = heads["keys_grid_h"].to_numpy(), heads["keys_grid_w"].to_numpy()
+    else:  # a run from before stages: every layer on the image's grid
+        grid_h, grid_w = images["grid_h"].to_numpy()[image], images["grid_w"].to_numpy()[image]
+    grids = np.zeros((layers, 2), np.int64)
+    grids[layer] = np.stack([grid_h, grid_w], -1)
+    if (grids[layer] != np.stack([grid_h, grid_w], -1)).any():  # one grid per layer, the same in every photo
+        raise problem("file_bad_values", name=heads_name, column="keys_grid_h")
+    if (heads["top_patch"].to_numpy() >= grid_h.astype(np.int64) * grid_w).any():
         raise problem("file_out_of_range", name=heads_name, column="top_patch", low=0, high="h · w − 1")
-    compact = pa.table({"image": image.astype(np.int32), **{c: heads[c] for c in HEAD_COLUMNS[1:]}}).cast(COMPACT)
-    return images, compact, (layers, per_layer)
+    compact = pa.table({"image": image.astype(np.int32), **{c: heads[c] for c in COMPACT.names[1:]}}).cast(COMPACT)
+    layout = Layout(tuple(int(n) for n in per_layer), tuple((int(h), int(w)) for h, w in grids))
+    return images, compact, layout
 
 
 def _errors(out: Path, stem: str) -> pa.Table:
@@ -475,7 +530,7 @@ def open_run(out: str | Path) -> OpenedRun:
     info = read_info(out / "run.json")
     found = {table: parts(out, table) for table in TABLES}
     left_out: list[RunFileError] = []
-    batches: list[tuple[str, pa.Table, pa.Table, tuple[int, int]]] = []
+    batches: list[tuple[str, pa.Table, pa.Table, Layout]] = []
     rows = 0
     for stem in found["images"]:
         try:
@@ -493,12 +548,12 @@ def open_run(out: str | Path) -> OpenedRun:
     for _, images, _, layout in batches:
         photos[layout] += images.num_rows
         counted[layout] += 1
-    num_layers, num_heads = max(photos, key=lambda k: (photos[k], counted[k])) if photos else (0, 0)
+    common = max(photos, key=lambda k: (photos[k], counted[k])) if photos else Layout((), ())
     kept, offset = [], 0
     for stem, images, heads, layout in batches:
-        if layout != (num_layers, num_heads):
-            left_out.append(problem("file_layout", name=f"heads/{stem}.parquet", layers=layout[0], heads=layout[1],
-                                    run_layers=num_layers, run_heads=num_heads))
+        if layout != common:
+            left_out.append(problem("file_layout", name=f"heads/{stem}.parquet", layers=layout.num_layers,
+                                    heads=layout.num_heads, run_layers=common.num_layers, run_heads=common.num_heads))
             continue
         kept.append((images, heads.set_column(0, "image", pc.add(heads["image"], pa.scalar(offset, pa.int32())))))
         offset += images.num_rows
@@ -515,8 +570,8 @@ def open_run(out: str | Path) -> OpenedRun:
             raise problem("run_too_big", name=out.name, limit=MAX_ERROR_ROWS)
         errors.append(table)
     errors = pa.concat_tables(errors) if errors else ERRORS.empty_table().select(list(ERROR_COLUMNS))
-    return OpenedRun(info, images, heads, errors.take(_first_of_each(errors["path"])), num_layers, num_heads,
-                     tuple(left_out))
+    return OpenedRun(info, images, heads, errors.take(_first_of_each(errors["path"])), common.num_layers,
+                     common.num_heads, tuple(left_out), common.heads, common.grids)
 
 
 def _first_of_each(paths: pa.ChunkedArray) -> pa.Array:
