@@ -489,6 +489,8 @@ def run_captures(out: str | Path, limit: int = MAX_PHOTOS, layer: int | None = N
             cap = load_capture(file)
         except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
             continue
+        if isinstance(cap.query, tuple):  # a StagedCapture: a grid per stage, no one map of tokens
+            raise RunError(f"the run {out.name} is of a model with stages; the Q/K map needs one token grid.")
         layout = (tuple(cap.query.shape), tuple(cap.grid))
         if shape is not None and layout != shape:
             continue

@@ -25,6 +25,7 @@ with startup.importing():
     from attnviz.errors import RunFileError
     from attnviz.images import ImageError
     from attnviz.models import ModelError
+    from attnviz.stages import StagedCapture
     from attnviz_app.settings import Settings
     from attnviz_app.text import t
 
@@ -197,9 +198,16 @@ st.caption(t("dataset.scatter_caption", images=len(paths), sampled=sampled))
 
 # --- One head's photos ---
 st.subheader(t("dataset.chosen_header"))
+if run.staged:  # the most-attended patch and the maps are on each layer's own grid
+    grids = sorted(set(run.layer_grids), reverse=True)
+    st.info(t("dataset.staged_note", heads=", ".join(str(n) for n in dict.fromkeys(run.heads_per_layer)),
+              grids=", ".join(f"{h} × {w}" for h, w in grids)), icon=":material/info:")
 left, middle, right = st.columns([1, 1, 3])
 layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), index=run.num_layers - 1, key="dataset_layer")
-head = middle.selectbox(t("dataset.head"), range(1, run.num_heads + 1), key="dataset_head")
+# With stages each layer has its own head count: the box of that count, so a kept head always exists.
+layer_heads = run.heads_of((layer or 1) - 1)
+head = middle.selectbox(t("dataset.head"), range(1, layer_heads + 1),
+                        key=f"dataset_head.{layer_heads}" if run.staged else "dataset_head")
 # The widget's key carries the language (translated labels would leave a kept radio with no choice
 # after a language switch); the choice itself is remembered without it.
 rankings = list(dataset.RANKINGS)
@@ -238,20 +246,31 @@ with st.spinner(t("dataset.maps_loading")):
             except (ValueError, ModelError) as e:  # the model refuses the picture (e.g. a size it cannot take)
                 st.warning(t("dataset.map_unusable", name=name, reason=ui.escape_markdown(str(e))))
                 continue
-            if (cap.num_layers, cap.num_heads) != (run.num_layers, run.num_heads):
+            model_heads = (tuple(lay.num_heads for lay in cap.layouts) if isinstance(cap, StagedCapture)
+                           else (cap.num_heads,) * cap.num_layers)
+            if model_heads != tuple(run.heads_of(i) for i in range(run.num_layers)):
                 st.warning(t("dataset.model_layout", layers=run.num_layers, heads=run.num_heads,
-                             model_layers=cap.num_layers, model_heads=cap.num_heads))
+                             model_layers=cap.num_layers, model_heads=max(model_heads, default=0)))
                 break
-            # the class token's row, or a model's stated alternative when it has no class token
+            # the class token's row, or a model's stated alternative when it has no class token;
+            # with stages at that layer's keys' grid
             grid_map = cap.summary_map(layer - 1, head - 1)  # (h, w)
             picture = render.enlarge(render.overlay(view, grid_map), 320)
             st.image(picture, caption=t("dataset.map_caption", name=Path(path).name, distance=row.distance_px,
                                         share=row.mass60_fraction), width="stretch")
-st.caption(t("dataset.maps_note", layer=layer, head=head))
+if run.staged:
+    h, w = run.layer_grids[(layer or 1) - 1]
+    st.caption(t("dataset.maps_note_staged", layer=layer, head=head, h=h, w=w))
+else:
+    st.caption(t("dataset.maps_note", layer=layer, head=head))
 
 from attnviz_app import dataset_qk  # noqa: E402  (the Q/K map of the run's photos, issue #21)
 
-dataset_qk.show(out, runfiles.signature(out), layer or 1, head or 1)
+if run.staged:  # the map puts every photo's tokens of one head on one grid
+    st.subheader(t("qkmap.dataset_header", layer=layer, head=head))
+    st.info(t("dataset.qk_staged"), icon=":material/info:")
+else:
+    dataset_qk.show(out, runfiles.signature(out), layer or 1, head or 1)
 
 # --- Files the run could not use ---
 if errors.num_rows:
