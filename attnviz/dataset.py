@@ -14,7 +14,10 @@ A run folder ``OUT`` holds
 - ``heads/part-*.parquet``: one row per (image, layer, head), layers and heads 0-based as in
   :class:`attnviz.Capture` — CLS entropy (nats), mean attention distance (px of the model input),
   prefix share, the most-attended patch and the fraction of patches holding 60 % of the class
-  token's mass over the patches (DINO's mass mask, :func:`attnviz.masks.mass_mask`);
+  token's mass over the patches (DINO's mass mask, :func:`attnviz.masks.mass_mask`), and the grid the
+  patch lies on (``keys_grid_h``, ``keys_grid_w``). A model with stages (a
+  :class:`~attnviz.stages.StagedCapture`) has each layer's own head count and grids there
+  (:mod:`attnviz.stage_stats` says what each statistic is for it);
 - ``images/part-*.parquet``: one row per image used (size, format, grid, top-5 for classifiers);
 - ``errors/part-*.parquet``: one row per file that could not be used, with the reason;
 - ``captures/<digest>.*`` with ``--store qk``: each image's exact compact capture.

@@ -20,7 +20,8 @@ from .runtimes import RUNTIMES, fast
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ds = sub.add_parser(
         "dataset", help="per-head attention statistics for a whole folder of photos, as Parquet tables",
-        description="One row per (image, layer, head) in OUT/heads, one per image in OUT/images, one per "
+        description="One row per (image, layer, head) in OUT/heads (with stages, each layer's own heads, "
+                    "and the grid its most-attended patch lies on), one per image in OUT/images, one per "
                     "unusable file in OUT/errors. A rerun into the same OUT skips what is done.",
     )
     ds.add_argument("source", help="a folder of photos (searched recursively) or a text file listing one path a line")
