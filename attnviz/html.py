@@ -298,6 +298,7 @@ def notebook_html(cap: Capture, lang: str = i18n.DEFAULT, **kwargs) -> str:
 # Jupyter shows a capture as the interactive page `show` gives. The drawing side attaches the display
 # (BertViz's split: a capture is plain data and does not know how it is drawn).
 Capture._repr_html_ = notebook_html
+StagedCapture._repr_html_ = notebook_html
 
 
 class Page:
