@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .softmax import HEAD_FUSIONS, fuse_heads
-from .stages import LayerLayout, StagedCapture
+from .stages import LayerLayout, StagedCapture, mean_received
 
 
 def head_choices(num_heads: int) -> list:
@@ -49,8 +49,12 @@ def summary_bytes(cap: StagedCapture) -> int:
 def summary_rows(cap: StagedCapture, layer: int) -> torch.Tensor:
     """(K, P) float32: layer ``layer``'s summary map for every head choice."""
     heads = head_choices(cap.num_heads(layer))
-    return torch.stack([torch.from_numpy(np.ascontiguousarray(cap.summary_map(layer, h))).reshape(-1).float()
-                        for h in heads])
+    if cap.summary_kind(layer) == "cls":
+        maps = [cap.summary_map(layer, h) for h in heads]
+    else:  # StagedCapture.mean_received_map, with the layer's window weights computed once, not once a head choice
+        weights = cap.window_weights(layer).transpose(0, 1)  # (H, W, Tq, Tk)
+        maps = [mean_received(cap.layout(layer), fuse_heads(weights, h)) for h in heads]
+    return torch.stack([torch.from_numpy(np.ascontiguousarray(m)).reshape(-1).float() for m in maps])
 
 
 def window_rows(cap: StagedCapture, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
