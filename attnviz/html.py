@@ -205,7 +205,7 @@ def page(
         top: the model's top classes ``[(label, probability), …]`` (``Model.top_classes``).
         picture: the S × S photo the model saw; by default recovered from ``cap.input``.
         all_rows: keep every query token's rows (clickable patches); by default while they fit
-            :data:`ALL_ROWS_BYTES`, else only the class token's.
+            :data:`ALL_ROWS_BYTES`, else only the class token's (staged: only each layer's summary map).
     """
 
     strings = _strings(lang)
