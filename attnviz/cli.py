@@ -75,16 +75,13 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
 
 
 def check_staged_options(model, args: argparse.Namespace) -> None:
-    """One sentence when an option needs one token grid throughout and ``model`` has stages (Swin, PiT, …)."""
+    """One sentence when an option needs one token grid throughout and ``model`` has stages (Swin, PiT, …);
+    --html works for them (the page draws each layer at its own grid)."""
     if model.adapter.layouts is None:
         return
     if args.rollout:
         raise ModelError(f"{model.public_name} has stages with a different set of tokens each, so attention cannot "
                          "be multiplied through its layers: --rollout is not defined for it.")
-    if args.html:
-        raise ModelError(f"The interactive page draws one token grid throughout, and {model.public_name} has "
-                         "stages with a different grid each, so --html cannot write it yet (the .npz, the "
-                         "overlay and --gif can).")
 
 
 def plan(images: list[str]) -> list[tuple[str, str]]:

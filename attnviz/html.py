@@ -9,6 +9,11 @@ What it holds, per layer and head choice (head 1…H, mean, max, min; K = H + 3)
 - each row quantised to 8 bits between its own smallest and largest weight, which are stored exactly
   (float32). A shown colour is exactly the colour :func:`attnviz.render.overlay` draws, and a shown
   number lo + q / 255 · (hi − lo) is within (hi − lo) / 510 of the weight.
+
+A model with stages (a :class:`~attnviz.stages.StagedCapture`: Swin, PiT, LeViT, …) gets the same page
+with every layer at its own grid: the Layer control names (stage, block), the map is drawn at that
+layer's keys' grid and a click picks a cell of its query grid (:mod:`attnviz.html_stages` holds what
+differs).
 """
 from __future__ import annotations
 
@@ -25,10 +30,12 @@ import torch
 from PIL import Image
 
 import attnviz.atomic as atomic
+import attnviz.html_stages as html_stages
 import attnviz.i18n as i18n
 import attnviz.render as render
 from ._version import __version__
 from .capture import HEAD_FUSIONS, Capture, fuse_heads
+from .stages import StagedCapture
 
 ALL_ROWS_BYTES = 8_000_000  # every query's rows up to this many raw bytes (224 px: 7.1 MB → ~5 MB page)
 GZIP_LEVEL = 6  # level 9 saves 1 % more and takes three times as long
@@ -46,17 +53,21 @@ def summary_map(cap: Capture, layer: int, head) -> np.ndarray:
     return cap.summary_map(layer, head)
 
 
-def all_rows_bytes(cap: Capture) -> int:
-    """Raw size of every query token's quantised rows: L · K · N · P bytes."""
+def all_rows_bytes(cap: Capture | StagedCapture) -> int:
+    """Raw size of every query token's quantised rows: L · K · N · P bytes (staged: each layer's window rows)."""
+    if isinstance(cap, StagedCapture):
+        return html_stages.all_rows_bytes(cap)
     h, w = cap.grid
     return cap.num_layers * (cap.num_heads + 3) * cap.num_tokens * h * w
 
 
 def estimated_mb(cap: Capture) -> float:
     """About how large :func:`page` will be, in MB, without building it (gzip keeps ~57 % of the rows)."""
-    h, w = cap.grid
     rows = all_rows_bytes(cap)
-    if rows > ALL_ROWS_BYTES:  # the class token's rows only
+    if isinstance(cap, StagedCapture):
+        rows = html_stages.summary_bytes(cap) + (rows if rows <= ALL_ROWS_BYTES else 0)
+    elif rows > ALL_ROWS_BYTES:  # the class token's rows only
+        h, w = cap.grid
         rows = cap.num_layers * (cap.num_heads + 3) * h * w
     photo = 3 * cap.input.shape[-1] ** 2 * 0.6  # PNG of the S × S photo
     return (rows * 0.57 + photo) * 4 / 3 / 1e6 + 0.05
@@ -103,15 +114,35 @@ class _Blob:
         self.buffer.write(array.tobytes())
 
 
-def payload(cap: Capture, all_rows: bool | None = None) -> tuple[bytes, dict]:
+def _staged_payload(blob: _Blob, cap: StagedCapture, all_rows: bool) -> None:
+    """Each layer's arrays under ``name.{layer}``: its grid, head count and windows are its own."""
+    for layer in range(cap.num_layers):
+        levels, lo, hi = _quantise(html_stages.summary_rows(cap, layer))  # (K, P), (K,), (K,)
+        blob.add(f"summary_lo.{layer}", lo)
+        blob.add(f"summary_hi.{layer}", hi)
+        blob.add(f"summary.{layer}", levels)
+        lay = cap.layout(layer)
+        if all_rows and html_stages.patch_queries(lay):
+            levels, lo, hi = html_stages.window_rows(cap, layer)  # (K, W, Tq, Tk), (K, W, Tq) twice
+            blob.add(f"rows_lo.{layer}", lo)
+            blob.add(f"rows_hi.{layer}", hi)
+            blob.add(f"rows.{layer}", levels)
+            blob.add(f"windows.{layer}", lay.windows.numpy().astype(np.int32))  # (W, Tq) query tokens
+            blob.add(f"keys.{layer}", lay.keys.numpy().astype(np.int32))  # (W, Tk) key tokens
+
+
+def payload(cap: Capture | StagedCapture, all_rows: bool | None = None) -> tuple[bytes, dict]:
     """(gzip bytes, index {name: [offset, dtype, shape]}) of the quantised maps."""
     blob = _Blob()
+    if all_rows is None:
+        all_rows = all_rows_bytes(cap) <= ALL_ROWS_BYTES
+    if isinstance(cap, StagedCapture):
+        _staged_payload(blob, cap, all_rows)
+        return gzip.compress(blob.buffer.getvalue(), GZIP_LEVEL, mtime=0), blob.index
     levels, lo, hi = _quantise(_summary_rows(cap))  # (L, K, P), (L, K), (L, K)
     blob.add("summary_lo", lo)
     blob.add("summary_hi", hi)
     blob.add("summary", levels)
-    if all_rows is None:
-        all_rows = all_rows_bytes(cap) <= ALL_ROWS_BYTES
     if all_rows:
         parts = [_quantise(_query_rows(cap, layer)) for layer in range(cap.num_layers)]
         blob.add("rows_lo", np.stack([p[1] for p in parts]))  # (L, K, N)
@@ -145,8 +176,20 @@ def _picture(cap: Capture, picture: Image.Image | None) -> Image.Image:
     return cap.prepared.picture(cap.input)
 
 
+def _staged_facts(cap: StagedCapture, strings: dict, view: Image.Image, fit: str) -> list[tuple[str, str]]:
+    firsts = [cap.layout(s[0]) for s in cap.stages]
+    h, w = firsts[0].grid
+    return [
+        (strings["fact_input"], strings["fact_input_value"].format(size=view.width, fit=strings[f"fit_{fit}"], h=h, w=w)),
+        (strings["fact_stages"], strings["fact_stages_value"].format(
+            n=len(firsts), grids=", ".join(f"{lay.grid[0]} × {lay.grid[1]}" for lay in firsts))),
+        (strings["fact_layers"], strings["fact_layers_staged_value"].format(
+            layers=cap.num_layers, heads=", ".join(str(lay.num_heads) for lay in firsts))),
+    ]
+
+
 def page(
-    cap: Capture,
+    cap: Capture | StagedCapture,
     lang: str = i18n.DEFAULT,
     *,
     source: str | None = None,
@@ -162,33 +205,48 @@ def page(
         top: the model's top classes ``[(label, probability), …]`` (``Model.top_classes``).
         picture: the S × S photo the model saw; by default recovered from ``cap.input``.
         all_rows: keep every query token's rows (clickable patches); by default while they fit
-            :data:`ALL_ROWS_BYTES`, else only the class token's.
+            :data:`ALL_ROWS_BYTES`, else only the class token's (staged: only each layer's summary map).
     """
 
     strings = _strings(lang)
-    if not cap.has_class_token:  # the start map is the mean attention received, and must say so
+    staged = isinstance(cap, StagedCapture)
+    if staged and any(cap.summary_kind(layer) == "cls" for layer in range(cap.num_layers)):
+        strings = {**strings, "query_mean_received": strings["query_mean_received_block"]}  # some blocks have one
+    elif not cap.has_class_token:  # the start map is the mean attention received, and must say so
         strings = {**strings, "query_cls": strings["query_mean_received"], "reset": strings["reset_mean_received"]}
     view = _picture(cap, picture)
     data, index = payload(cap, all_rows)
     prep = cap.prepared
-    h, w = cap.grid
+    if staged:
+        last = cap.layout(cap.num_layers - 1)
+        h, w = last.keys_grid
+        num_heads = max(lay.num_heads for lay in cap.layouts)
+        num_tokens, has_rows = last.num_tokens, any(name.startswith("rows.") for name in index)
+    else:
+        h, w = cap.grid
+        num_heads, num_tokens, has_rows = cap.num_heads, cap.num_tokens, "rows" in index
     meta = {
-        "layers": cap.num_layers, "heads": cap.num_heads, "grid": [h, w], "tokens": cap.num_tokens,
-        "prefix": cap.num_prefix_tokens, "size": view.width, "index": index, "allRows": "rows" in index,
+        "layers": cap.num_layers, "heads": num_heads, "grid": [h, w], "tokens": num_tokens,
+        "prefix": cap.num_prefix_tokens, "size": view.width, "index": index, "allRows": has_rows,
         "reducedMB": round(all_rows_bytes(cap) * 0.57 * 4 / 3 / 1e6),  # gzip keeps ~57 %, base64 adds a third
         "display": render.enlarge(view, 448).width,
     }
+    if staged:
+        meta["staged"] = html_stages.meta(cap, has_rows)
     title = strings["title_source"].format(source=source) if source else strings["title"]
     fit = prep.fit if prep is not None and prep.fit else "none"
-    facts = [
-        (strings["fact_model"], prep.model if prep is not None else "—"),
-        (strings["fact_input"], strings["fact_input_value"].format(
-            size=view.width, fit=strings[f"fit_{fit}"], h=h, w=w)),
-        (strings["fact_tokens"], strings["fact_tokens_value"].format(
-            n=cap.num_tokens, prefix=cap.num_prefix_tokens, patches=h * w)),
-        (strings["fact_layers"], strings["fact_layers_value"].format(
-            layers=cap.num_layers, heads=cap.num_heads, dk=cap.query.shape[-1])),
-    ]
+    facts = [(strings["fact_model"], prep.model if prep is not None else "—")]
+    if staged:
+        facts += _staged_facts(cap, strings, view, fit)
+    else:
+        facts += [
+            (strings["fact_input"], strings["fact_input_value"].format(
+                size=view.width, fit=strings[f"fit_{fit}"], h=h, w=w)),
+            (strings["fact_tokens"], strings["fact_tokens_value"].format(
+                n=cap.num_tokens, prefix=cap.num_prefix_tokens, patches=h * w)),
+            (strings["fact_layers"], strings["fact_layers_value"].format(
+                layers=cap.num_layers, heads=cap.num_heads, dk=cap.query.shape[-1])),
+        ]
     if source:
         facts.insert(0, (strings["fact_source"], source))
     esc = htmlmod.escape
@@ -199,15 +257,18 @@ def page(
         top_html = f"<h2>{esc(strings['top5'])}</h2><ol class=top>{items}</ol>"
     head_options = "".join(
         f'<option value="{i}">{esc(strings[f"head_{h}"] if isinstance(h, str) else strings["head_n"].format(n=h + 1))}'
-        "</option>" for i, h in enumerate(head_choices(cap.num_heads))
+        "</option>" for i, h in enumerate(head_choices(num_heads))
     )
     cmap_options = "".join(f'<option value="{c}">{c}</option>' for c in render.COLORMAPS)
 
     def script_json(value) -> str:  # safe inside <script>: no "</" can end the element early
         return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
+    last = cap.layout(cap.num_layers - 1) if staged else None
+    layer_value = strings["stage_block"].format(stage=last.stage + 1, block=last.block + 1) if staged else str(cap.num_layers)
     fill = {
-        "LANG": esc(lang), "TITLE": esc(title), "LAYER": esc(strings["layer"]), "HEAD": esc(strings["head"]),
+        "LANG": esc(lang), "TITLE": esc(title), "LAYER": esc(strings["layer_staged" if staged else "layer"]),
+        "LAYER_VALUE": esc(layer_value), "HEAD": esc(strings["head"]),
         "OPACITY": esc(strings["opacity"]), "COLORMAP": esc(strings["colormap"]),
         "HOVER": esc(strings["hover_query"]), "RESET": esc(strings["reset"]), "HOW": esc(strings["how"]),
         "FACTS_TITLE": esc(strings["facts"]), "FACTS": facts_html, "TOP": top_html,
@@ -237,6 +298,7 @@ def notebook_html(cap: Capture, lang: str = i18n.DEFAULT, **kwargs) -> str:
 # Jupyter shows a capture as the interactive page `show` gives. The drawing side attaches the display
 # (BertViz's split: a capture is plain data and does not know how it is drawn).
 Capture._repr_html_ = notebook_html
+StagedCapture._repr_html_ = notebook_html
 
 
 class Page:

@@ -262,12 +262,7 @@ class StagedCapture:
     def mean_received_map(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
         """(h, w) at the keys' grid: the attention each patch receives, averaged over the queries of its window."""
         lay = self.layout(layer)
-        received = fuse_heads(self.window_weights(layer, part).transpose(0, 1), head).mean(-2)  # (W, Tk)
-        keys = lay.keys.reshape(-1)
-        flat = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, received.reshape(-1))
-        count = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, torch.ones_like(received.reshape(-1)))
-        flat = flat / count.clamp(min=1)  # a key in several windows: the mean over them
-        return flat[lay.num_key_prefix:].cpu().numpy().reshape(lay.keys_grid)
+        return mean_received(lay, fuse_heads(self.window_weights(layer, part).transpose(0, 1), head))
 
     def summary_kind(self, layer: int) -> str:
         """``"cls"`` where the class token attends at ``layer`` (its row is the summary), else ``"mean_received"``."""
@@ -289,6 +284,17 @@ class StagedCapture:
         stages = ", ".join(f"{self.layouts[s[0]].grid[0]}×{self.layouts[s[0]].grid[1]}" for s in self.stages)
         return (f"StagedCapture({self.num_layers} layers in {len(self.stages)} stages at grids {stages}, "
                 f"{self.nbytes / 2**20:.1f} MB)")
+
+
+def mean_received(lay: LayerLayout, weights: torch.Tensor) -> np.ndarray:
+    """(h, w) at the keys' grid: each key's attention averaged over the queries of its window, from one
+    head choice's window weights (W, Tq, Tk)."""
+    received = weights.mean(-2)  # (W, Tk)
+    keys = lay.keys.reshape(-1)
+    flat = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, received.reshape(-1))
+    count = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, torch.ones_like(received.reshape(-1)))
+    flat = flat / count.clamp(min=1)  # a key in several windows: the mean over them
+    return flat[lay.num_key_prefix:].cpu().numpy().reshape(lay.keys_grid)
 
 
 PARTS = (None, "content", "positional")  # None: the weights the model uses (a blended layer's mix)

@@ -2,6 +2,8 @@
 each stage's grid, windows outlined, a click makes a patch the query; both languages."""
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 import timm
@@ -216,15 +218,142 @@ def test_export_of_a_swin_writes_its_stages_and_reads_back_the_same_weights(swin
 
 
 def test_export_of_a_swin_says_in_one_line_what_needs_one_grid(swin_folder, tmp_path):
-    """--html and --rollout need one token grid throughout: one line, exit code 2, nothing written."""
-    for option, says in (("--html", "so --html cannot write it yet (the .npz, the overlay and --gif can)."),
-                         ("--rollout", "--rollout is not defined for it.")):
-        out = tmp_path / option.strip("-")
-        run = _export(swin_folder, out, option)
-        assert run.returncode == 2 and "Traceback" not in run.stderr
-        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and errors[0].endswith(f"{says} Nothing was exported."), errors
-        assert not out.exists() or not any(out.iterdir())
+    """--rollout needs one token grid throughout: one line, exit code 2, nothing written. --html writes the page."""
+    out = tmp_path / "rollout"
+    run = _export(swin_folder, out, "--rollout")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].endswith("--rollout is not defined for it. Nothing was exported."), errors
+    assert not out.exists() or not any(out.iterdir())
+    out = tmp_path / "html"
+    run = _export(swin_folder, out, "--html")
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    text = (out / "cat.html").read_text(encoding="utf-8")
+    assert '"staged": [{"stage": 1, "block": 1, "grid": [56, 56]' in text and "Stage 4, block 2" in text
+    assert (out / "cat.npz").is_file() and (out / "cat_overlay.png").is_file()
+
+
+SMALL_SWIN = {"img_size": 112, "depths": (2, 2), "embed_dim": 32, "num_heads": (2, 4)}
+
+
+def page_arrays(text: str) -> tuple[dict, dict]:
+    """(meta, {name: array}) read back from a page's payload, as its script unpacks them."""
+    import base64
+    import gzip
+    import json
+    import re
+
+    meta = json.loads(re.search(r'<script type="application/json" id="meta">(.*?)</script>', text, re.S).group(1))
+    packed = re.search(r'<script type="application/octet-stream" id="payload">(.*?)</script>', text, re.S).group(1)
+    buffer = gzip.decompress(base64.b64decode(packed))
+    arrays = {name: np.frombuffer(buffer, np.dtype(dtype), int(np.prod(shape)), offset).reshape(shape)
+              for name, (offset, dtype, shape) in meta["index"].items()}
+    return meta, arrays
+
+
+@pytest.mark.browser
+def test_a_small_swin_as_the_interactive_page_in_a_real_browser(tmp_path):
+    """``attnviz export --html`` of a staged model: the Layer control names (stage, block), the drawn map is
+    the layer's summary map at its own grid (payload, readout and pixels), a click shows that query's row,
+    zero outside its window."""
+    from conftest import ASSETS, ROOT
+    from PIL import Image
+    from serve import chromium, require_chromium
+
+    from attnviz import cli, render
+
+    require_chromium()
+    torch.manual_seed(0)
+    network = timm.create_model(ARCH, pretrained=False, **SMALL_SWIN).eval()
+    model = attnviz.wrap(network, ARCH, "random init", 112)
+    photo = Image.open(ASSETS / "cat.jpg")
+    cap = attnviz.capture(model, photo)
+    view = model.view(photo, "crop")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = argparse.Namespace(fit="crop", format="qk", dtype="float32", rollout=False, html=True, gif=False, lang="en")
+    cli.check_staged_options(model, args)  # --html is no longer refused
+    cli.export_one(model, ASSETS / "cat.jpg", out, "cat", args)
+    path = out / "cat.html"
+    meta, arrays = page_arrays(path.read_text(encoding="utf-8"))
+    assert [(m["stage"], m["block"], m["grid"], m["heads"]) for m in meta["staged"]] == [
+        (1, 1, [28, 28], 2), (1, 2, [28, 28], 2), (2, 1, [14, 14], 4), (2, 2, [14, 14], 4)]
+    layer = 1  # stage 1, block 2: shifted windows
+    for k, head in enumerate(["mean", "max", "min", 0, 1]):  # the payload's numbers are the library's
+        expected = cap.summary_map(layer, head).reshape(-1)
+        lo, hi = arrays[f"summary_lo.{layer}"][k], arrays[f"summary_hi.{layer}"][k]
+        shown = lo + arrays[f"summary.{layer}"][k] / 255 * (hi - lo)
+        np.testing.assert_allclose(shown, expected, atol=(hi - lo) / 510 * (1 + 1e-5) + 1e-9)
+
+    shots = ROOT / "screenshots"
+    shots.mkdir(exist_ok=True)
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(path.as_uri())
+        page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+        control = page.get_by_label("Stage, block", exact=True)
+        assert control.get_attribute("type") == "range" and control.get_attribute("max") == "4"
+        assert page.locator("#layer-value").inner_text() == "Stage 2, block 2"
+        control.focus()
+        page.keyboard.press("Home")
+        page.keyboard.press("ArrowRight")  # → stage 1, block 2
+        assert page.locator("#layer-value").inner_text() == "Stage 1, block 2"
+        canvas = page.locator("#picture")
+        assert canvas.get_attribute("data-layer") == str(layer) and canvas.get_attribute("data-keys") == "28x28"
+        assert page.locator("#caption").inner_text().startswith("Stage 1, block 2, mean of all heads: where all patches")
+
+        def pixels():
+            data = page.evaluate("""() => { const c = document.getElementById('picture');
+                return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data); }""")
+            return np.array(data, dtype=np.uint8).reshape(112, 112, 4)[..., :3]
+
+        # the drawn map is render.overlay of the summary map at the layer's 28 × 28 grid
+        expected = np.asarray(render.overlay(view, cap.summary_map(layer, "mean")))
+        assert np.abs(pixels().astype(int) - expected).max() <= 1
+        def centre(row, col, grid):  # the caption above may wrap differently once a query is picked
+            box = canvas.bounding_box()
+            return box["x"] + (col + 0.5) * box["width"] / grid[1], box["y"] + (row + 0.5) * box["height"] / grid[0]
+
+        summary = cap.summary_map(layer, "mean")
+        for row, col in [(0, 0), (13, 20), (27, 27)]:
+            page.mouse.move(*centre(row, col, (28, 28)))
+            readout = page.locator("#readout")
+            assert readout.get_attribute("data-key") == str(row * 28 + col)
+            shown, tol = float(readout.get_attribute("data-value")), float(readout.get_attribute("data-tolerance"))
+            assert abs(shown - summary[row, col]) <= tol * (1 + 1e-5) + 1e-9
+
+        page.mouse.click(*centre(9, 4, (28, 28)))  # query = cell (row 10, col 5) of stage 1's grid
+        query = 9 * 28 + 4
+        assert canvas.get_attribute("data-query") == str(query)
+        assert "where patch (row 10, column 5) looks" in page.locator("#caption").inner_text()
+        row_map = cap.query_map(layer, "mean", query)
+        inside = cap.window_mask(layer, query)
+        assert not inside.all() and (row_map[~inside] == 0).all()
+        expected = np.asarray(render.overlay(view, row_map))
+        assert np.abs(pixels().astype(int)[~np.kron(inside, np.ones((4, 4), bool))] -
+                      expected[~np.kron(inside, np.ones((4, 4), bool))]).max() <= 1  # outside the frame drawn
+        outside = tuple(int(v) for v in np.argwhere(~inside)[0])
+        for row, col in [(9, 4), (9, 6), outside]:
+            page.mouse.move(*centre(row, col, (28, 28)))
+            readout = page.locator("#readout")
+            shown, tol = float(readout.get_attribute("data-value")), float(readout.get_attribute("data-tolerance"))
+            assert abs(shown - row_map[row, col]) <= tol * (1 + 1e-5) + 1e-9
+        page.mouse.move(*centre(*outside, (28, 28)))
+        assert float(page.locator("#readout").get_attribute("data-value")) == 0.0  # outside the window: exactly 0
+        page.screenshot(path=str(shots / "swin_html_query.png"))
+
+        assert page.locator("#head option[value='6']").evaluate("o => o.disabled")  # stage 1 has 2 heads
+        control.focus()
+        page.keyboard.press("End")  # stage 2, block 2: the query moves to the same place on the 14 × 14 grid
+        assert canvas.get_attribute("data-query") == str(4 * 14 + 2) and canvas.get_attribute("data-grid") == "14x14"
+        page.get_by_label("Head", exact=True).select_option(label="head 4")
+        assert canvas.get_attribute("data-head") == "6"
+        control.focus()
+        page.keyboard.press("Home")  # stage 1, where there is no head 4: back to the mean
+        assert canvas.get_attribute("data-head") == "0" and page.locator("#head").input_value() == "0"
+        assert errors == []
 
 
 PHOTOS = ("cat.jpg", "rocket.jpg")
