@@ -58,6 +58,8 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
         h.value for h in at.subheader)
     captions = " ".join(c.value for c in at.caption)
     assert "averaged over the 49 patches of its window" in captions
+    buttons = {b.label for b in at.get("download_button")}  # every (stage, block) to take away
+    assert {"Download interactive page (HTML)", "Download the layer sweep (GIF)"} <= buttons, buttons
     assert "attention cannot be multiplied through the layers" in captions
     at.radio(key="stage_show").set_value("query").run()
     assert not at.exception

@@ -14,6 +14,7 @@ from attnviz.capture import HEAD_FUSIONS
 
 from ..text import t
 from .common import clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch, selected_points
+from .takeaway import files
 
 CHART_KEY = "stage_query_chart"
 WINDOW_COLOUR = (255, 255, 255)
@@ -153,4 +154,5 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
             st.markdown(t("stages.top_weight", top=float(np.max(grid_map))))
         download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
                      key="download_stage_query")
+    files(model, cap, view, "mean", alpha, cmap)  # every (stage, block) as the interactive page and the GIF
     st.caption(t("stages.not_drawn"))

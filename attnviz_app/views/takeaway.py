@@ -12,17 +12,21 @@ from .common import download_file, head_label, head_part
 
 def downloads(ctx: Context) -> None:
     """Two download buttons: the self-contained HTML page (in the page's language) and the GIF sweep."""
-    cap, model = ctx.cap, ctx.model
+    files(ctx.model, ctx.cap, ctx.view, ctx.head, ctx.alpha, ctx.cmap)
+
+
+def files(model, cap, view, head, alpha: float, cmap: str) -> None:
+    """:func:`downloads` for any capture (the Stage view's too: each layer at its own grid)."""
     lang = st.session_state.get("lang") or i18n.DEFAULT
 
     def page() -> bytes:
-        return html.page(cap, lang, top=model.top_classes(cap.output), picture=ctx.view).encode("utf-8")
+        return html.page(cap, lang, top=model.top_classes(cap.output), picture=view).encode("utf-8")
 
     def gif() -> bytes:
-        return sweep.sweep_gif(cap, head=ctx.head, alpha=ctx.alpha, cmap=ctx.cmap, picture=ctx.view)
+        return sweep.sweep_gif(cap, head=head, alpha=alpha, cmap=cmap, picture=view)
 
     download_file(page, f"attention_{model.size}px.html", key="download_html", mime="text/html",
                   label=t("takeaway.download_html"), help=t("takeaway.download_html_help", mb=html.estimated_mb(cap)))
-    download_file(gif, f"attention_layers_head{head_part(ctx.head)}.gif", key="download_gif", mime="image/gif",
+    download_file(gif, f"attention_layers_head{head_part(head)}.gif", key="download_gif", mime="image/gif",
                   label=t("takeaway.download_gif"),
-                  help=t("takeaway.download_gif_help", layers=cap.num_layers, head=head_label(ctx.head)))
+                  help=t("takeaway.download_gif_help", layers=cap.num_layers, head=head_label(head)))
