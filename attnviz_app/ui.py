@@ -25,6 +25,7 @@ from .settings import Settings
 from .text import t
 
 DEFAULT_SIZES = (196, 224, 448, 518)
+NATIVE = 0  # the Size box's "the model's own size": a select box shows None as no choice ("Choose an option")
 CAPTURE_CACHE_ENTRIES = 12  # ≤ 12 × 54 MB at 518 px; ≤ 12 × 8 MB at 196 px
 
 
@@ -198,7 +199,8 @@ def model_settings() -> Settings:
     choices = ["default", *hub, *checkpoints]
     revert = st.session_state.pop("_model_revert", None)
     if revert is not None:  # the last run could not load the chosen model: the box goes back to the one shown
-        st.session_state["model_choice"], st.session_state["size"], st.session_state["_model_notice"] = revert
+        st.session_state["model_choice"], size, st.session_state["_model_notice"] = revert
+        st.session_state["size"] = NATIVE if size is None else size
     if st.session_state.get("model_choice", "default") not in choices:  # e.g. a checkpoint the owner removed
         st.session_state["model_choice"] = "default"
     choice = side.selectbox(
@@ -210,12 +212,13 @@ def model_settings() -> Settings:
         name, checkpoint = (entry.arch, None) if entry.is_folder else (entry.arch, str(entry.path))
     elif choice != "default":
         name = choice
-    sizes = DEFAULT_SIZES if name is None else (None, 224, 448)
+    sizes = DEFAULT_SIZES if name is None else (NATIVE, 224, 448)
     if st.session_state.get("size", sizes[0]) not in sizes:  # a size the other model offered: keep the box valid
         st.session_state["size"] = sizes[0]
     size = side.selectbox(
-        t("model.size"), sizes, format_func=lambda s: t("model.native") if s is None else f"{s} px", key="size"
+        t("model.size"), sizes, format_func=lambda s: t("model.native") if s == NATIVE else f"{s} px", key="size"
     )
+    size = None if size == NATIVE else size
     fit = side.radio(
         t("model.fit"), ["crop", "squash"], format_func=lambda f: t(f"model.fit_{f}"), key="fit",
         help=t("model.fit_help"),

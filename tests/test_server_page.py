@@ -100,7 +100,9 @@ def test_the_dropdown_lists_only_the_owners_folder_and_loads_from_it(owner_folde
     assert not at.exception and not at.error and not at.warning
     facts = next(m.value for m in at.markdown if "**Tokens:**" in m.value)
     assert "vit_tiny_patch16_224 (vit_tiny_patch16_224--class.safetensors)" in facts and "**197**" in facts
-    assert at.selectbox(key="size").value is None  # the model's own size, 224 px
+    size = at.selectbox(key="size")
+    assert size.value == 0 and size.index == 0  # the model's own size, 224 px, shown as a choice (not blank)
+    assert size.options == ["the model's own size", "224 px", "448 px"]
 
 
 def test_a_checkpoint_overwritten_at_the_same_path_gives_the_new_model(owner_folder):
@@ -163,7 +165,7 @@ def test_after_a_checkpoint_the_box_returns_to_that_checkpoint_not_the_default(o
     at.selectbox(key="model_choice").set_value("ckpt:vit_tiny_patch16_224--class.safetensors").run()
     at.selectbox(key="model_choice").set_value("vit_small_patch16_224.dino").run()
     assert at.selectbox(key="model_choice").value == "ckpt:vit_tiny_patch16_224--class.safetensors"
-    assert at.selectbox(key="size").value is None
+    assert at.selectbox(key="size").value == 0  # its own size
     assert plain(at.warning[0].value).endswith(
         "so the page stays on “Checkpoint: vit_tiny_patch16_224--class.safetensors”.")
 
