@@ -325,7 +325,11 @@ def _native_size(network: torch.nn.Module, size: int | None) -> int | None:
     if size is not None:
         return size
     built = getattr(getattr(network, "patch_embed", None), "img_size", None)
-    return int(built[0]) if built is not None else None
+    if built is not None:
+        return int(built[0])
+    # families without a timm PatchEmbed (LeViT, EfficientFormer, SHViT, …): the size timm's config gives
+    config = getattr(network, "pretrained_cfg", None) or {}
+    return int(config["input_size"][-1]) if "input_size" in config else None
 
 
 def _load_checkpoint(arch: str, checkpoint: Path, size: int | None, device: torch.device) -> Model:

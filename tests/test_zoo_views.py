@@ -71,3 +71,25 @@ def test_every_layer_draws_and_exports_and_streams(module, name, kwargs, size, t
     photo = Image.fromarray(np.random.default_rng(0).integers(0, 255, (size + 10, size, 3), dtype=np.uint8))
     frame = heatmap_frame(photo, LiveSettings(model, layer=cap.num_layers - 1))
     assert frame.cls_map.shape == cap.layout(cap.num_layers - 1).keys_grid
+
+
+@pytest.mark.parametrize("arch", ["levit_128s", "shvit_s1"])
+def test_a_checkpoint_of_a_family_without_patch_embed_loads_at_its_own_size(arch, tmp_path):
+    """The page's "model's own size" (size None) is timm's config input size for families without a timm
+    PatchEmbed, not a refusal of "None" px."""
+    import timm
+    from safetensors.torch import save_file
+
+    import attnviz
+
+    torch.manual_seed(0)
+    network = timm.create_model(arch, pretrained=False, num_classes=3)
+    path = tmp_path / f"{arch}--random.safetensors"
+    save_file({k: v.contiguous() for k, v in network.state_dict().items()}, str(path))
+    model = attnviz.load_model(arch, None, checkpoint=path)
+    assert model.size == network.pretrained_cfg["input_size"][-1] == 224
+    assert model.adapter.layouts is not None
+    from PIL import Image
+
+    cap = attnviz.capture(model, Image.new("RGB", (300, 240), (120, 80, 40)))
+    assert cap.output.shape == (3,)  # the file's 3-class classifier
