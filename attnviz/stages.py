@@ -273,6 +273,19 @@ class StagedCapture:
             return self.cls_map(layer, head, part)
         return self.mean_received_map(layer, head, part)
 
+    def window_order(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query tokens, key tokens) of ``layer`` listed window by window (window 0's rows, then window 1's,
+        …; each key once): in this order a windowed layer's matrix is block-diagonal (Liu et al. 2021, Fig. 2)."""
+        lay = self.layout(layer)
+        keys = list(dict.fromkeys(lay.keys.reshape(-1).tolist()))  # a key shared by windows: where first seen
+        return lay.windows.reshape(-1), torch.tensor(keys, dtype=torch.long)
+
+    def ordered_weights(self, layer: int, head: Head) -> np.ndarray:
+        """(Tq · W, keys): :meth:`weights` of the tokens that are queries at ``layer``, rows and columns in
+        :meth:`window_order`."""
+        rows, cols = self.window_order(layer)
+        return fuse_heads(self.layer_weights(layer)[:, rows][:, :, cols], head).cpu().numpy()
+
     def window_mask(self, layer: int, token: int) -> np.ndarray:
         """(h, w) bool at the keys' grid: the patches query ``token`` attends within at ``layer`` (after the shift)."""
         lay = self.layout(layer)

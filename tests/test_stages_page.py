@@ -61,6 +61,11 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     buttons = {b.label for b in at.get("download_button")}  # every (stage, block) to take away
     assert {"Download interactive page (HTML)", "Download the layer sweep (GIF)"} <= buttons, buttons
     assert "attention cannot be multiplied through the layers" in captions
+    at.radio(key="stage_show").set_value("matrix").run()  # block-diagonal in window order
+    assert not at.exception and not at.error
+    assert "the attention matrix, tokens in window order" in " ".join(h.value for h in at.subheader)
+    assert ("each of the 64 windows is a 49 × 49 block on the diagonal, and between windows every weight is "
+            "exactly 0. Drawn with each 4 × 4 square") in " ".join(c.value for c in at.caption)
     at.radio(key="stage_show").set_value("query").run()
     assert not at.exception
     assert "row 29, column 29" in " ".join(h.value for h in at.subheader)  # the middle of the 56 × 56 grid

@@ -93,3 +93,25 @@ def test_a_checkpoint_of_a_family_without_patch_embed_loads_at_its_own_size(arch
 
     cap = attnviz.capture(model, Image.new("RGB", (300, 240), (120, 80, 40)))
     assert cap.output.shape == (3,)  # the file's 3-class classifier
+
+
+def test_a_windowed_layer_in_window_order_is_block_diagonal():
+    """The Stage view's matrix: queries and keys listed window by window, each window a block on the
+    diagonal, exactly 0 between windows, and every query's row sums to 1."""
+    from attnviz.capture import capture_tensor
+    from attnviz_app.views.stages import pooled
+    from tests.test_zoo import SMALL_SWIN
+
+    model = small_model("swin_tiny_patch4_window7_224", SMALL_SWIN | {"img_size": 112}, 112)
+    cap = capture_tensor(model, torch.randn(1, 3, 112, 112, generator=torch.Generator().manual_seed(1)))
+    lay = cap.layout(1)  # shifted windows: the window order is not the raster order
+    weights = cap.ordered_weights(1, 0)
+    t = lay.windows.shape[1]
+    inside = np.kron(np.eye(lay.num_windows, dtype=bool), np.ones((t, t), dtype=bool))
+    assert weights.shape == (784, 784) and weights[~inside].max() == 0 and (weights[inside] > 0).all()
+    np.testing.assert_allclose(weights.sum(1), 1, atol=1e-5)
+    rows, cols = cap.window_order(1)
+    full = cap.layer_weights(1)[0].numpy()  # raster order
+    np.testing.assert_array_equal(weights, full[rows.numpy()][:, cols.numpy()])
+    shown, k = pooled(weights, 200)
+    assert k == 4 and shown.shape == (196, 196) and shown[0, 0] == weights[:4, :4].max()

@@ -13,7 +13,8 @@ from attnviz import render
 from attnviz.capture import HEAD_FUSIONS
 
 from ..text import t
-from .common import clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch, selected_points
+from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
+                     head_part, mark_patch, selected_points)
 from .takeaway import files
 
 CHART_KEY = "stage_query_chart"
@@ -78,6 +79,46 @@ def block_label(lay, n: int) -> str:
     return t("stages.block_option", n=n, shifted=kind)
 
 
+MATRIX_PX = 784  # at most this many rows and columns drawn; more are max-pooled (a window's block stays visible)
+
+
+def pooled(weights: np.ndarray, side: int = MATRIX_PX) -> tuple[np.ndarray, int]:
+    """``weights`` max-pooled by a whole factor k until both sides are at most ``side`` (zero stays zero)."""
+    k = max(1, -(-max(weights.shape) // side))
+    if k == 1:
+        return weights, 1
+    rows, cols = -(-weights.shape[0] // k) * k, -(-weights.shape[1] // k) * k
+    padded = np.zeros((rows, cols), weights.dtype)
+    padded[: weights.shape[0], : weights.shape[1]] = weights
+    return padded.reshape(rows // k, k, cols // k, k).max(axis=(1, 3)), k
+
+
+def matrix(cap, layer: int, head, cmap: str, names: dict, stage: int, block: int, width: int) -> None:
+    """The layer's attention matrix with queries and keys in window order: block-diagonal where it has windows."""
+    from matplotlib.figure import Figure
+
+    lay = cap.layout(layer)
+    weights, k = pooled(cap.ordered_weights(layer, head))
+    fig = Figure(figsize=(6.4, 5.6))
+    ax = fig.subplots()
+    rows, cols = weights.shape[0] * k, weights.shape[1] * k  # the axes count tokens, not pooled squares
+    shown = ax.imshow(weights, cmap=cmap, vmin=0.0, vmax=float(weights.max()), interpolation="nearest",
+                      extent=(0, cols, rows, 0), aspect="auto" if rows == 1 else "equal")
+    ax.set_xlabel(t("stages.matrix_keys", n=lay.keys.unique().numel()))
+    ax.set_ylabel(t("stages.matrix_queries", n=lay.windows.numel()))
+    fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
+    png = figure_png(fig)
+    st.subheader(t("stages.matrix_title", **names))
+    st.image(png, width=width)
+    pooled_note = t("stages.matrix_pooled", k=k) if k > 1 else ""
+    if lay.num_windows > 1:
+        st.caption(t("stages.matrix_caption", w=lay.num_windows, tq=lay.windows.shape[1], tk=lay.keys.shape[1],
+                     pooled=pooled_note))
+    else:
+        st.caption(t("stages.matrix_caption_global", pooled=pooled_note))
+    download_file(png, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_matrix.png", key="download_stage_matrix")
+
+
 def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool = False) -> None:
     stages = cap.stages
     st.info(intro(model, cap))
@@ -105,7 +146,7 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
         format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h))
     head = picked if isinstance(picked, str) else picked - 1
     kind = cap.summary_kind(layer)
-    what = what_col.radio(t("stages.show"), ["summary", "query"], key="stage_show", horizontal=True,
+    what = what_col.radio(t("stages.show"), ["summary", "query", "matrix"], key="stage_show", horizontal=True,
                           format_func=lambda w: t("stages.summary_cls" if w == "summary" and kind == "cls" else f"stages.{w}"))
     names = dict(stage=stage + 1, block=block + 1, head=head_label(head))
     width = 358 if narrow else 560
@@ -113,7 +154,9 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
     if what == "query" and only_class:
         st.info(t("stages.only_class_queries"))
         what = "summary"
-    if what == "summary":
+    if what == "matrix":
+        matrix(cap, layer, head, cmap, names, stage, block, width)
+    elif what == "summary":
         grid_map = cap.summary_map(layer, head)
         picture = window_lines(enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth)), cap, layer)
         if kind == "cls":
