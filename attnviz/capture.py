@@ -19,7 +19,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -217,13 +217,17 @@ def _check_input(model: Model, x) -> None:
 
 
 @torch.inference_mode()
-def capture_tensor(model: Model, x: torch.Tensor) -> Capture | StagedCapture:
+def capture_tensor(model: Model, x: torch.Tensor,
+                   between_layers: Callable[[], None] | None = None) -> Capture | StagedCapture:
     """Run ``model`` once on the (1, 3, S, S) tensor ``x`` and keep every layer's queries and keys
-    (a :class:`~attnviz.stages.StagedCapture` for a model with stages and windows, such as Swin)."""
+    (a :class:`~attnviz.stages.StagedCapture` for a model with stages and windows, such as Swin).
+
+    ``between_layers()`` is called after each block on this thread: a pause point, where a live-camera
+    frame waits while a visitor's photo is captured (:meth:`attnviz.live_sharing.Priority.give_way`)."""
     _check_input(model, x)
     adapter = model.adapter
     if adapter.layouts is not None:  # stages and windows (Swin): per-layer grids, attention inside windows
-        return dataclasses.replace(capture_staged(model, x), prepared=preparation(model, None))
+        return dataclasses.replace(capture_staged(model, x, between_layers), prepared=preparation(model, None))
     if model.runtime is not None:  # checked exact for this model when attnviz.fast() switched it on
         start = time.perf_counter()
         output, query, key, norms = model.runtime.forward(x)
@@ -236,6 +240,7 @@ def capture_tensor(model: Model, x: torch.Tensor) -> Capture | StagedCapture:
         query=torch.empty(shape, device=x.device, dtype=x.dtype),
         key=torch.empty(shape, device=x.device, dtype=x.dtype),
         norms=torch.empty((adapter.depth, model.num_tokens), device=x.device, dtype=x.dtype),  # (L, N)
+        between_layers=between_layers,
     )
     start = time.perf_counter()
     with model.tap.recording(recorder):  # the hooks installed at wrap time write into this capture only

@@ -68,14 +68,16 @@ class LiveFrame:
     seconds: float  # wall time of the whole frame: view, capture, map and overlay
 
 
-def heatmap_frame(image: Image.Image, settings: LiveSettings) -> LiveFrame:
+def heatmap_frame(image: Image.Image, settings: LiveSettings,
+                  between_layers: Callable[[], None] | None = None) -> LiveFrame:
     """picture → view → capture → class-token map → overlay, exactly as :func:`attnviz.capture` does it,
-    with the model the settings name (swapped together with them)."""
+    with the model the settings name (swapped together with them); ``between_layers`` as in
+    :func:`attnviz.capture_tensor` (a shared server's pause point)."""
     model = settings.model
     start = time.perf_counter()
     image = as_rgb(image)  # the one conversion capture() makes too (16-bit, float, alpha, EXIF)
     view = model.view(image, settings.fit)  # the one preprocessing path: page, CLI and camera alike
-    cap = capture_tensor(model, model.to_input(view))
+    cap = capture_tensor(model, model.to_input(view), between_layers)
     layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
     heads = cap.num_heads(layer) if callable(cap.num_heads) else cap.num_heads  # a staged model's vary by layer
     head = settings.head if isinstance(settings.head, str) or settings.head < heads else "mean"
@@ -256,8 +258,9 @@ class LiveProcessor:
                     frame, arrived = self._pending  # the newest frame, once it is this stream's turn
                     self._pending = None
                 settings = self.settings
+                pause = self._priority.pause_point() if self._priority is not None else None
                 try:
-                    live = heatmap_frame(frame_image(frame), settings)
+                    live = heatmap_frame(frame_image(frame), settings, pause)
                     output = self._encode(live.picture)
                 except Exception as e:  # a bad frame must not end the stream; the page can say so
                     self.error = e

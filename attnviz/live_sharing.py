@@ -10,7 +10,8 @@ slows an upload even on a core of its own. Three rules keep the streams from tak
   (``with priority.foreground():``), and for ``grace_s`` after, no live frame starts; nor while the
   server's event loop is slow to answer (``background(ready=…)``: the page asks Streamlit's loop, which
   carries every upload, page update and the video itself); live frames take turns, ``background`` at
-  once server-wide, in the order they asked. Waiting holds neither a core nor the GIL.
+  once server-wide, in the order they asked. A frame already running when a photo arrives stops at its
+  next layer until the photo is done (``pause_point``). Waiting holds neither a core nor the GIL.
 - :func:`lower_priority`: the threads that compute live frames run at a lower OS priority, so in the
   CPU time left between uploads the rest of the server still goes first.
 
@@ -130,6 +131,14 @@ class Priority:
             yield
         finally:
             self._give_turn()
+
+    def pause_point(self) -> Callable[[], None]:
+        """For one live frame already running: a function to call between its layers
+        (``capture_tensor(…, between_layers=…)``). While page work runs, or ran less than ``grace_s`` ago,
+        it waits — holding neither a core nor the GIL — so a photo that arrives mid-frame does not share
+        the cores with the rest of that frame; all of one frame's waits together last at most ``patience_s``."""
+        deadline = self._clock() + self._patience_s
+        return lambda: self._wait_for_quiet(deadline)
 
     def _wait_for_quiet(self, deadline: float) -> None:
         with self._changed:

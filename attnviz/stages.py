@@ -27,6 +27,7 @@ its window.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -338,8 +339,9 @@ def mixed_softmax(query: torch.Tensor, key: torch.Tensor, scale: float, bias: to
 
 
 @torch.inference_mode()
-def capture_staged(model, x: torch.Tensor) -> StagedCapture:
-    """Run ``model`` once on ``x`` and keep every layer's windowed q and k (``model.adapter.layouts``)."""
+def capture_staged(model, x: torch.Tensor, between_layers: Callable[[], None] | None = None) -> StagedCapture:
+    """Run ``model`` once on ``x`` and keep every layer's windowed q and k (``model.adapter.layouts``);
+    ``between_layers()`` after each block, as in :func:`attnviz.capture_tensor`."""
     adapter = model.adapter
     layouts = adapter.layouts
     queries = [(lay.num_heads, lay.num_windows, lay.windows.shape[1], lay.head_dim) for lay in layouts]
@@ -348,6 +350,7 @@ def capture_staged(model, x: torch.Tensor) -> StagedCapture:
         query=[torch.empty(s, device=x.device, dtype=x.dtype) for s in queries],
         key=[torch.empty(s, device=x.device, dtype=x.dtype) for s in keys],
         norms=[None] * len(layouts),  # each block's output tokens, whatever their count
+        between_layers=between_layers,
     )
     start = time.perf_counter()
     with model.tap.recording(recorder):

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import attnviz
@@ -384,3 +385,70 @@ def test_a_live_frame_waits_while_the_server_says_it_is_behind(tiny):
     start = time.monotonic()
     with never.background(ready=lambda: False):  # a server that never catches up still gets a frame
         assert 0.3 <= time.monotonic() - start < 3.0
+
+
+def test_a_running_frame_stops_at_its_next_layer_while_a_photo_is_captured(tiny):
+    """A frame already computing when a photo arrives waits between two blocks until the photo is done
+    (and its grace is over), then ends with exactly the capture it would have made without waiting."""
+    order = Priority(grace_s=0.2, patience_s=10.0)
+    x = tiny.to_input(tiny.view(camera_frame(4)))
+    entered, layers, result = threading.Event(), [], {}
+    pause = order.pause_point()
+
+    def between_layers():
+        layers.append(time.monotonic())
+        if len(layers) == 1:
+            entered.set()
+            time.sleep(0.2)  # the photo arrives while this frame is in its first layer
+        pause()
+
+    worker = threading.Thread(target=lambda: result.update(cap=attnviz.capture_tensor(tiny, x, between_layers)))
+    worker.start()
+    assert entered.wait(30)
+    with order.foreground():
+        time.sleep(0.5)
+        assert len(layers) == 1 and worker.is_alive()  # held after layer 1 of 2, for as long as the photo takes
+        ended = time.monotonic()
+    worker.join(30)
+    assert len(layers) == 2 and layers[1] - ended >= 0.2  # … and its grace
+    plain = attnviz.capture_tensor(tiny, x)
+    assert torch.equal(result["cap"].query, plain.query) and torch.equal(result["cap"].key, plain.key)
+    assert torch.equal(result["cap"].output, plain.output)
+
+
+def test_a_frames_pauses_together_last_no_longer_than_its_patience(tiny):
+    order = Priority(grace_s=0.0, patience_s=0.3)
+    calls: list[float] = []
+    pause = order.pause_point()
+    with order.foreground():  # page work that goes on and on: the frame still ends
+        start = time.monotonic()
+        attnviz.capture_tensor(tiny, tiny.to_input(tiny.view(camera_frame(6))),
+                               lambda: (calls.append(time.monotonic()), pause()))
+        assert len(calls) == 2 and 0.3 <= time.monotonic() - start < 3.0  # one patience for both layers
+
+
+def test_the_live_worker_gives_way_between_layers(tiny, monkeypatch):
+    """LiveProcessor hands each frame's capture a fresh pause point of the server's, called after each block."""
+    order = Priority(grace_s=0.0)
+    calls: list[int] = []  # per frame made: how often its pause point was called
+    real = order.pause_point
+
+    def pause_point():
+        pause, frame = real(), len(calls)
+        calls.append(0)
+
+        def counted():
+            calls[frame] += 1
+            pause()
+        return counted
+
+    monkeypatch.setattr(order, "pause_point", pause_point)
+    proc = LiveProcessor(LiveSettings(tiny, layer=1), priority=order)
+    try:
+        for seed in (7, 8):
+            before = proc.stats().heatmaps
+            proc.recv(camera_frame(seed))
+            wait_for(lambda: proc.stats().heatmaps > before)
+        assert calls == [2, 2]  # one pause point per frame, reached after each of the 2 blocks
+    finally:
+        proc.stop()

@@ -21,13 +21,15 @@ Put = Callable[["Recorder", int, Any], None]  # e.g. Recorder.put_query: (record
 class Recorder:
     """One capture's store: what the hooks read during its forward pass."""
 
-    def __init__(self, query: torch.Tensor, key: torch.Tensor, norms: torch.Tensor) -> None:
+    def __init__(self, query: torch.Tensor, key: torch.Tensor, norms: torch.Tensor,
+                 between_layers: Callable[[], None] | None = None) -> None:
         self.query = query  # (L, H, N, d_k)
         self.key = key  # (L, H, N, d_k)
         self.norms = norms  # (L, N)
         self.extras: dict[int, Any] = {}  # per layer: what an adapter needs after the pass (e.g. RoPE)
         self.bias: dict[int, torch.Tensor] = {}  # per layer: a logit bias that depends on the image (staged models)
         self.seen: set[tuple[str, int]] = set()
+        self.between_layers = between_layers  # called after each block: a pause point (the live camera's)
 
     def put_query(self, layer: int, q: torch.Tensor) -> None:
         """``q``: (H, N, d_k) of the one image in the batch."""
@@ -54,6 +56,8 @@ class Recorder:
         else:
             self.norms[layer].copy_(norms.reshape(self.norms[layer].shape))
         self.seen.add(("x", layer))
+        if self.between_layers is not None:
+            self.between_layers()
 
 
 def first(output: torch.Tensor) -> torch.Tensor:
