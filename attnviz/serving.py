@@ -18,6 +18,9 @@ A visitor picks models from lists; only the owner, at start, decides what the li
 - ``ATTNVIZ_HEAVY_JOBS`` (default: the number of cores): heavy jobs that may run at once.
 - ``ATTNVIZ_LIVE_STREAMS`` (default: the number of cores): live-camera streams that may run at once
   (0: no live camera).
+- ``ATTNVIZ_RUNTIME`` (default ``auto``): where the page's captures run — ``auto`` is the fastest CPU runtime
+  installed (``pip install 'attnviz[fast]'``: OpenVINO, then ONNX Runtime) where it is checked exact for the
+  model at load, else PyTorch; ``pytorch``, ``openvino`` or ``onnxruntime`` choose (:func:`attnviz.runtimes.on_runtime`).
 
 The library and the CLI are not limited by any of this: they run as their user.
 """
@@ -32,6 +35,7 @@ from typing import Mapping
 import attnviz.weightfiles as weightfiles
 from .errors import ModelError
 from .jobs import core_count
+from .runtimes import RUNTIMES
 from .weightfiles import safetensors_header
 
 ENV_CHECKPOINTS = "ATTNVIZ_CHECKPOINTS"
@@ -39,9 +43,11 @@ ENV_DOWNLOADS = "ATTNVIZ_ALLOW_DOWNLOADS"
 ENV_MAX_PARAMS = "ATTNVIZ_MAX_PARAMS"
 ENV_HEAVY_JOBS = "ATTNVIZ_HEAVY_JOBS"
 ENV_LIVE_STREAMS = "ATTNVIZ_LIVE_STREAMS"
+ENV_RUNTIME = "ATTNVIZ_RUNTIME"
 DEFAULT_MAX_PARAMS = 100_000_000  # ViT-B/16 (86 M) fits; ViT-L (304 M), ViT-H (632 M), ViT-g (1 B) do not
 MAX_LISTED = 200  # checkpoints offered from the owner's folder
 ARCH_SEPARATOR = "--"
+RUNTIME_CHOICES = ("auto", "pytorch", *sorted(RUNTIMES))
 
 
 class OverBudget(ModelError):
@@ -64,6 +70,7 @@ class Policy:
     max_params: int  # parameter budget for anything the page loads
     heavy_jobs: int  # heavy jobs that may run at once, server-wide
     live_streams: int = field(default_factory=core_count)  # live-camera streams at once, server-wide
+    runtime: str = "auto"  # where captures run: auto, pytorch, or a runtime's name (attnviz.runtimes)
 
 
 def _count(text: str, what: str) -> int:
@@ -84,12 +91,16 @@ def policy(environ: Mapping[str, str] = os.environ) -> Policy:
     max_params = environ.get(ENV_MAX_PARAMS, "").strip()
     heavy_jobs = environ.get(ENV_HEAVY_JOBS, "").strip()
     live_streams = environ.get(ENV_LIVE_STREAMS, "").strip()
+    runtime = environ.get(ENV_RUNTIME, "").strip().lower() or "auto"
+    if runtime not in RUNTIME_CHOICES:
+        raise ValueError(f"{ENV_RUNTIME} must be one of {', '.join(RUNTIME_CHOICES)}; got {runtime!r}.")
     return Policy(
         checkpoints=Path(folder).expanduser() if folder else None,
         allow_downloads=downloads in ("1", "yes", "true", "on"),
         max_params=_count(max_params, ENV_MAX_PARAMS) if max_params else DEFAULT_MAX_PARAMS,
         heavy_jobs=max(1, _count(heavy_jobs, ENV_HEAVY_JOBS)) if heavy_jobs else core_count(),
         live_streams=_count(live_streams, ENV_LIVE_STREAMS) if live_streams else core_count(),
+        runtime=runtime,
     )
 
 

@@ -28,6 +28,7 @@ def warm() -> None:
     """Import what the pages import, load the default model into the page's cache, capture once."""
     start = time.perf_counter()
     import attnviz
+    from attnviz import serving
 
     from . import classroom, ui, views  # noqa: F401  (streamlit)
     from .settings import Settings
@@ -39,7 +40,7 @@ def warm() -> None:
     settings = Settings(None, ui.DEFAULT_SIZES[0], None, "cpu", "crop")
     sample = attnviz.photos.SAMPLES[0]
     name, data = f"{sample}.jpg", attnviz.photos.sample(sample).read_bytes()
-    model = ui.cached_model(*settings.key)
+    model = ui.cached_model(*settings.key, serving.policy().runtime)  # the key the first page run asks for
     photo_digest = ui.digest(data)
     checked = ui.checked_image(photo_digest, attnviz.photos.decode_side(model), name, _data=data, _model=model)
     ui.cached_capture((*settings.key, model.size), photo_digest, settings.fit, _model=model, _image=checked)

@@ -15,11 +15,12 @@ import streamlit as st
 
 import attnviz
 from attnviz import i18n
-from attnviz import serving, weightfiles
+from attnviz import runtimes, serving, weightfiles
 from attnviz.adapters import family_of_name
 from attnviz.errors import HubUnavailable, ModelError
 from attnviz.images import KIND_IDS, CheckedImage, ImageError
 
+from . import tuning
 from .priority import priority
 from .settings import Settings
 from .text import t
@@ -54,13 +55,13 @@ def language_picker() -> None:
 @st.cache_resource(show_spinner=False, max_entries=4)
 def cached_model(
     name: str | None, size: int | None, checkpoint: str | None, content: str | None, device: str,
-    _download: bool = False,
+    runtime: str = "pytorch", _download: bool = False,
 ) -> attnviz.Model:
     # ``content`` (the checkpoint's sha256) is in the key: a file overwritten at the same path is a new model.
     model = attnviz.load_model(name, size, checkpoint=checkpoint, device=device, download=_download)
-    # torch, timm and the model live as long as the server. Freezing them out of the garbage collector's
-    # sight keeps the full collection Streamlit runs after every script run at a few ms instead of
-    # ~0.4 s, during which it held the GIL and the page's request for the new heatmap waited.
+    # The owner's runtime (ATTNVIZ_RUNTIME), kept only where its q and k were checked exact at load: the
+    # server's captures, the live camera and the class's uploads all run through this one model.
+    model = runtimes.on_runtime(model, runtime, threads=tuning.threads())
     gc.freeze()
     return model
 
@@ -259,7 +260,7 @@ def load(settings: Settings) -> attnviz.Model:
     with st.spinner(t("model.loading")):
         try:
             check_budget(settings, owner.max_params)
-            model = cached_model(*settings.key, _download=owner.allow_downloads)
+            model = cached_model(*settings.key, owner.runtime, _download=owner.allow_downloads)
         except attnviz.ModelError as e:
             shown = st.session_state.get("_shown_model", ("default", DEFAULT_SIZES[0]))
             if shown == (settings.choice, settings.size):

@@ -11,6 +11,11 @@ import torch
 import attnviz
 import attnviz_app
 
+# The page's captures run where the owner says (ATTNVIZ_RUNTIME, default "auto": OpenVINO when attnviz[fast] is
+# installed, as it is here). Most tests compare the page with PyTorch bit for bit, so they run it on PyTorch;
+# tests/test_runtime_page.py runs the page on each runtime. Servers the tests start inherit this.
+os.environ.setdefault("ATTNVIZ_RUNTIME", "pytorch")
+
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
 APP = Path(attnviz_app.__file__).with_name("streamlit_app.py")  # the script `attnviz app` serves

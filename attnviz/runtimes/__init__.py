@@ -18,6 +18,7 @@ the PyTorch path. A runtime needs the optional extra: ``pip install 'attnviz[fas
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -37,11 +38,12 @@ from . import graph, onnx_runtime, open_vino
 
 RUNTIMES = {backend.NAME: backend for backend in (onnx_runtime, open_vino)}
 DEFAULT = "openvino"
+PREFERENCE = ("openvino", "onnxruntime")  # "auto" takes the first installed: fastest first (bench.runtimes)
 TOLERANCE = 1e-5
 INSTALL = "pip install 'attnviz[fast]'"
 log = logging.getLogger("attnviz.runtimes")
 
-__all__ = ["Outputs", "Runtime", "fast", "mismatch", "RUNTIMES", "TOLERANCE"]
+__all__ = ["Outputs", "Runtime", "fast", "installed", "mismatch", "on_runtime", "RUNTIMES", "TOLERANCE"]
 
 
 class Outputs(NamedTuple):
@@ -109,6 +111,30 @@ def fast(
         return base
     log.info("%s captures on %s (checked exact in %.1f s)", model.name, runtime, time.perf_counter() - start)
     return dataclasses.replace(model, runtime=candidate)
+
+
+def installed() -> tuple[str, ...]:
+    """The runtimes whose package is installed, in :data:`PREFERENCE` order."""
+    return tuple(name for name in PREFERENCE if importlib.util.find_spec(RUNTIMES[name].PACKAGE) is not None)
+
+
+def on_runtime(model: Model, wanted: str = "auto", *, threads: int | None = None,
+               cache: str | Path | None = None) -> Model:
+    """``model`` on the runtime a server's owner asked for (``ATTNVIZ_RUNTIME``): ``"pytorch"`` leaves it as it
+    is; a name of :data:`RUNTIMES` is :func:`fast`; ``"auto"`` is :func:`fast` on the first installed runtime,
+    or PyTorch when none is (the extra is optional). Never raises: a runtime that is not installed, or not
+    exact for this model, leaves the model on PyTorch with one line in the log."""
+    if wanted == "pytorch":
+        return model
+    if wanted not in ("auto", *RUNTIMES):
+        raise ValueError(f"the runtime must be auto, pytorch or one of {', '.join(sorted(RUNTIMES))}, not {wanted!r}")
+    names = installed() if wanted == "auto" else (wanted,)
+    if not names:
+        return model
+    if names[0] not in installed():
+        log.warning("%s stays on PyTorch: the %s runtime is not installed (%s)", model.name, names[0], INSTALL)
+        return model
+    return fast(model, names[0], threads=threads, cache=cache)
 
 
 def default_cache() -> Path:

@@ -137,7 +137,7 @@ def run_model(info: runfiles.RunInfo):
     elif info.model:
         ui.check_budget(Settings(info.model, info.size, None, "cpu", info.fit, label=shown_model(info)),
                         ui.owner_policy().max_params)
-    return ui.cached_model(info.model, info.size, checkpoint, content, "cpu")
+    return ui.cached_model(info.model, info.size, checkpoint, content, "cpu", ui.owner_policy().runtime)
 
 
 def model_problem(error: Exception, info: runfiles.RunInfo) -> str:

@@ -63,6 +63,16 @@ def show(ctx: Context) -> None:
         facts(ctx)
 
 
+RUNTIME_NAMES = {"openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}
+
+
+def engine(model) -> str:
+    """What computed the capture: PyTorch, or the runtime the owner switched on (checked exact at load)."""
+    if model.runtime is None:
+        return t("facts.engine_pytorch")
+    return t("facts.engine_runtime", runtime=RUNTIME_NAMES.get(model.runtime.name, model.runtime.name))
+
+
 def facts(ctx: Context) -> None:
     cap, model = ctx.cap, ctx.model
     h, w = cap.grid
@@ -73,7 +83,7 @@ def facts(ctx: Context) -> None:
         "facts.body", name=model.public_name, provenance=provenance, size=model.size, h=h, w=w,
         prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
         heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
-        device=str(model.device),
+        device=str(model.device), engine=engine(model),
     ))
     top = model.top_classes(cap.output)
     if not top:
