@@ -29,6 +29,7 @@ from .errors import FaithfulnessError, ImageError
 
 
 def check_device(device: str | None) -> str | None:
+    """``--device`` as given, or a UsageError when torch does not know it or it asks for CUDA where there is none."""
     import torch
 
     if device is None:
