@@ -25,14 +25,10 @@ import re
 import sys
 from pathlib import Path
 
-from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, load_model, qk_cli, render, video_cli
+from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, qk_cli, render, video_cli
+from .command import UsageError, load_model_from, model_arguments, run_command
 from .images import ImageError
 from .photos import load_photo
-from .models import ModelError
-
-
-class UsageError(Exception):
-    """An option that cannot work; the message is one line for a person."""
 
 
 def safe_stem(path: str) -> str:
@@ -80,8 +76,8 @@ def check_staged_options(model, args: argparse.Namespace) -> None:
     if model.adapter.layouts is None:
         return
     if args.rollout:
-        raise ModelError(f"{model.public_name} has stages with a different set of tokens each, so attention cannot "
-                         "be multiplied through its layers: --rollout is not defined for it.")
+        raise UsageError(f"{model.public_name} has stages with a different set of tokens each, so attention cannot "
+                         "be multiplied through its layers: --rollout is not defined for it. Nothing was exported.")
 
 
 def plan(images: list[str]) -> list[tuple[str, str]]:
@@ -164,24 +160,17 @@ def output_folder(name: str, create: bool = True) -> Path:
 def export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    try:
-        if args.format == "qk" and args.dtype != "float32":
-            raise UsageError("--dtype float16 applies to --format full only; the queries and keys stay float32 "
-                             "(the logits reach ~300, where float16 would change the weights).")
-        device = check_device(args.device)
-        output_folder(args.out, create=False)  # a file in the way is said before the model loads
-        planned = plan(args.images)
-        check_inputs_kept(planned, Path(args.out), args)  # x_overlay.png among the inputs stays as it is
-        try:
-            model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=device)
-            check_staged_options(model, args)
-        except ModelError as e:
-            raise UsageError(f"{e} Nothing was exported.") from None
-        out = output_folder(args.out)
-        weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.format == "qk" and args.dtype != "float32":
+        raise UsageError("--dtype float16 applies to --format full only; the queries and keys stay float32 "
+                         "(the logits reach ~300, where float16 would change the weights).")
+    check_device(args.device)
+    output_folder(args.out, create=False)  # a file in the way is said before the model loads
+    planned = plan(args.images)
+    check_inputs_kept(planned, Path(args.out), args)  # x_overlay.png among the inputs stays as it is
+    model = load_model_from(args, "Nothing was exported.")
+    check_staged_options(model, args)
+    out = output_folder(args.out)
+    weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
     failed, done = 0, 0
     try:
         for name, stem in tqdm(planned, unit="image", disable=len(planned) < 2 or args.quiet):
@@ -216,7 +205,8 @@ def app(options: list[str]) -> int:
     return launch.main(options)
 
 
-# Each subcommand beside ``export`` and ``app`` is one module with ``add_parser(sub)`` and ``run(args)``.
+# Each subcommand beside ``export`` and ``app`` is one module with ``add_parser(sub)`` and ``run(args)``
+# (run through :func:`attnviz.command.run_command`: it may raise UsageError).
 COMMANDS = {"dataset": dataset_cli, "faithfulness": faithfulness_cli, "qk": qk_cli, "figure": figure_cli,
             "video": video_cli}
 
@@ -231,12 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ex.add_argument("images", nargs="+", help="image files")
     ex.add_argument("--out", required=True, help="output folder (created if missing)")
-    ex.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
-    ex.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
-    ex.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
-    ex.add_argument("--fit", choices=("crop", "squash"), default="crop",
-                    help="non-square photos: resize and centre-crop (default, as timm does) or squash the whole photo")
-    ex.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    model_arguments(ex, fit_help="non-square photos: resize and centre-crop (default, as timm does) or squash the "
+                                 "whole photo")
     ex.add_argument("--format", choices=exporting.FORMATS, default="full",
                     help="full (default): also `attention` (L, H, N, N), 540 MB at 518 px in float32; "
                     "qk: only the queries and keys (51 MB at 518 px), from which load_capture recomputes every weight")
@@ -259,10 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["app"]:
         return app(argv[1:])
     args = parser.parse_args(argv)
+    # Ctrl-C while the model loads; past that, each command says how far it got
     if args.command in COMMANDS:
-        return COMMANDS[args.command].run(args)
-    try:
-        return export(args)
-    except KeyboardInterrupt:  # while the model loads; the loop over the photos says how far it got
-        print("interrupted before any photo was exported.", file=sys.stderr)
-        return 130
+        return run_command(COMMANDS[args.command].run, args, "interrupted: nothing was written.")
+    return run_command(export, args, "interrupted before any photo was exported.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .command import UsageError, model_arguments, say
 from .dataset import RunConfig, RunError, Summary, run_local
 from .models import ModelError
 from .runtimes import RUNTIMES, fast
@@ -33,10 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ds.add_argument("--workers", type=int, default=1, help="Ray actors, each holding one model (default 1)")
     ds.add_argument("--cpus-per-worker", type=int, default=None,
                     help="CPUs (and torch threads) per Ray actor (default: all local CPUs shared out; 1 on a cluster)")
-    ds.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
-    ds.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
-    ds.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
-    ds.add_argument("--fit", choices=("crop", "squash"), default="crop", help="non-square photos: crop (default) or squash")
+    model_arguments(ds, device=False)
     ds.add_argument("--store", choices=("none", "qk"), default="none",
                     help="qk: also keep each image's exact compact capture (OUT/captures/<sha256>.npz, "
                          "reload with attnviz.load_capture)")
@@ -48,19 +46,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.workers < 1:
-        print("error: --batch and --workers must be at least 1", file=sys.stderr)
-        return 2
+        raise UsageError("--batch and --workers must be at least 1")
     if args.runtime and args.engine == "ray":
-        print("error: --runtime works with the local engine only", file=sys.stderr)
-        return 2
+        raise UsageError("--runtime works with the local engine only")
     config = RunConfig(model=args.model, size=args.size, checkpoint=args.checkpoint, fit=args.fit, store=args.store)
     try:
         if args.engine == "ray":
             try:
                 from .dataset_ray import run_ray
             except ImportError:
-                print("error: the ray engine needs Ray: pip install 'attnviz[ray]'", file=sys.stderr)
-                return 2
+                return say("the ray engine needs Ray: pip install 'attnviz[ray]'", 2)
             summary = run_ray(args.source, args.out, config, batch=args.batch, workers=args.workers,
                               cpus_per_worker=args.cpus_per_worker, address=args.address, progress=not args.quiet)
         else:
@@ -68,12 +63,10 @@ def run(args: argparse.Namespace) -> int:
             model = fast(config.load(), args.runtime) if args.runtime else None
             summary = run_local(args.source, args.out, config, batch=args.batch, progress=not args.quiet, model=model)
     except (ModelError, RunError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return say(e, 2)
     except OSError as e:  # the run folder could not be written (a full disk, no permission)
         where = f" ({e.filename})" if e.filename else ""
-        print(f"error: cannot write the run's tables in {args.out}: {e.strerror or e}{where}.", file=sys.stderr)
-        return 2
+        return say(f"cannot write the run's tables in {args.out}: {e.strerror or e}{where}.", 2)
     except KeyboardInterrupt:
         print(f"interrupted: the batches already written to {args.out} are kept; run the same command "
               "again to continue.", file=sys.stderr)

@@ -24,14 +24,12 @@ import time
 from pathlib import Path
 
 from . import atomic
-from .errors import FaithfulnessError, ImageError, ModelError
-
-
-class UsageError(Exception):
-    """An option that cannot work; the message is one line for a person."""
+from .command import UsageError, load_model_from, model_arguments, say
+from .errors import FaithfulnessError, ImageError
 
 
 def check_device(device: str | None) -> str | None:
+    """``--device`` as given, or a UsageError when torch does not know it or it asks for CUDA where there is none."""
     import torch
 
     if device is None:
@@ -57,11 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     fa.add_argument("photo", help="an image file")
     fa.add_argument("--json", required=True, dest="json_out", help="where to write the results (OUT.json)")
-    fa.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
-    fa.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
-    fa.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
-    fa.add_argument("--fit", choices=("crop", "squash"), default="crop", help="non-square photos: crop (default) or squash")
-    fa.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    model_arguments(fa)
     fa.add_argument("--fill", choices=("token", "mean", "blur"), default="token",
                     help="how a patch is removed: token (drop its token, default), mean (the photo's mean colour), blur")
     fa.add_argument("--heads", action="store_true", help="also rank by every head's own map, not only the mean of heads")
@@ -74,25 +68,17 @@ def run(args: argparse.Namespace) -> int:
     from . import ablation
     from .capture import capture
     from .faithfulness import faithfulness, sentence
-    from .models import load_model
     from .photos import load_photo
 
-    try:
-        if args.random < 2:
-            raise UsageError("--random must be at least 2: the spread of random orders needs two of them.")
-        photo, out = Path(args.photo), Path(args.json_out)
-        if out.exists() and out.resolve() == photo.resolve():
-            raise UsageError(f"--json {args.json_out} is the photo itself; name another file.")
-        if out.is_dir():
-            raise UsageError(f"--json {args.json_out} is a folder; name a file.")
-        device = check_device(args.device)
-        try:
-            model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=device)
-        except ModelError as e:
-            raise UsageError(f"{e} Nothing was written.") from None
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.random < 2:
+        raise UsageError("--random must be at least 2: the spread of random orders needs two of them.")
+    photo, out = Path(args.photo), Path(args.json_out)
+    if out.exists() and out.resolve() == photo.resolve():
+        raise UsageError(f"--json {args.json_out} is the photo itself; name another file.")
+    if out.is_dir():
+        raise UsageError(f"--json {args.json_out} is a folder; name a file.")
+    check_device(args.device)
+    model = load_model_from(args, "Nothing was written.")
     try:
         start = time.perf_counter()
         if not photo.is_file():
@@ -109,14 +95,11 @@ def run(args: argparse.Namespace) -> int:
         record["sentence"] = sentence(result)
         atomic.write_text(out, json.dumps(record, indent=1, allow_nan=False))
     except FaithfulnessError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return say(e, 2)
     except ImageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return say(e, 1)
     except OSError as e:
-        print(f"error: cannot write {args.json_out}: {e.strerror or e}.", file=sys.stderr)
-        return 2
+        return say(f"cannot write {args.json_out}: {e.strerror or e}.", 2)
     except KeyboardInterrupt:
         print(f"interrupted: {args.json_out} was not written.", file=sys.stderr)
         return 130

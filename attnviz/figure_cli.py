@@ -7,11 +7,11 @@ one line and exit code 1. The file is written whole or not at all (:mod:`attnviz
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from . import i18n
-from .errors import AttnvizError, ImageError, ModelError
+from .command import load_model_from, model_arguments, say
+from .errors import AttnvizError, ImageError
 from .figure import FORMATS, VIEWS, FigureError
 
 
@@ -31,11 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     fig.add_argument("--lang", choices=tuple(i18n.LANGUAGES), default=i18n.DEFAULT, help="language of the titles")
     fig.add_argument("--cmap", default="inferno", help="matplotlib colour map (default inferno)")
     fig.add_argument("--alpha", type=float, default=0.6, help="heatmap opacity over the photo, 0…1 (default 0.6)")
-    fig.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
-    fig.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
-    fig.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
-    fig.add_argument("--fit", choices=("crop", "squash"), default="crop", help="non-square photos: crop (default) or squash")
-    fig.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    model_arguments(fig)
 
 
 def _numbers(text: str | None, what: str, words: tuple[str, ...] = ()) -> list:
@@ -55,7 +51,7 @@ def _numbers(text: str | None, what: str, words: tuple[str, ...] = ()) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import capture, figure, load_model
+    from . import capture, figure
     from .photos import load_photo
 
     try:
@@ -77,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             raise FigureError(f"the folder of --out {args.out} does not exist.")
         if Path(args.out).resolve() == Path(args.photo).resolve():
             raise FigureError(f"--out {args.out} is the photo itself; choose another file name.")
-        model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=args.device)
+        model = load_model_from(args)
         layers = layers or [model.depth - 1]
         if max(layers) >= model.depth:
             raise FigureError(f"--layers {max(layers) + 1}: {model.public_name} has {model.depth} layers (1…{model.depth}).")
@@ -85,9 +81,8 @@ def run(args: argparse.Namespace) -> int:
         if numbered and max(numbered) >= model.num_heads:
             raise FigureError(f"--heads {max(numbered) + 1}: {model.public_name} has {model.num_heads} heads per layer "
                               f"(1…{model.num_heads}, or mean / max / min).")
-    except (FigureError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except FigureError as e:
+        return say(e, 2)
     try:
         checked = load_photo(args.photo, model)  # decoded exactly as the page decodes it
         cap = capture(model, checked.image, fit=args.fit)
@@ -95,13 +90,10 @@ def run(args: argparse.Namespace) -> int:
                              alpha=args.alpha, lang=args.lang, model=model.public_name)
         figure.save(fig, args.out, format=fmt, dpi=args.dpi)
     except FigureError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return say(e, 2)
     except (ImageError, AttnvizError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return say(e, 1)
     except OSError as e:
-        print(f"error: could not write {args.out}: {e.strerror or e}.", file=sys.stderr)
-        return 1
+        return say(f"could not write {args.out}: {e.strerror or e}.", 1)
     print(f"wrote {args.out}")
     return 0

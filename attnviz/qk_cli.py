@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from . import atomic, qkmap
+from .command import UsageError, load_model_from, model_arguments, say
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,53 +35,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="attentionviz (default): keys translated and both scaled as in AttentionViz, which leaves "
                          "softmax(q·kᵀ) unchanged; none: the capture's own q and k")
     qk.add_argument("--json", required=True, dest="json_out", help="output file")
-    qk.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
-    qk.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
-    qk.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
-    qk.add_argument("--fit", choices=("crop", "squash"), default="crop", help="non-square photos: crop (default) or squash")
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return code
+    model_arguments(qk, device=False)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .errors import AttnvizError, ImageError, ModelError, RunError
+    from .errors import AttnvizError, ImageError, RunError
 
     if bool(args.photos) == bool(args.run):
-        return _fail("give photos or --run RUNDIR (one of the two).", 2)
+        raise UsageError("give photos or --run RUNDIR (one of the two).")
     if args.method != "pca" and not qkmap.available(args.method):
-        return _fail(qkmap.missing_message(args.method), 2)
+        raise UsageError(qkmap.missing_message(args.method))
     if args.run is None and len(args.photos) > qkmap.MAX_PHOTOS:
-        return _fail(f"a Q/K map takes at most {qkmap.MAX_PHOTOS} photos, not {len(args.photos)}.", 2)
+        raise UsageError(f"a Q/K map takes at most {qkmap.MAX_PHOTOS} photos, not {len(args.photos)}.")
     if Path(args.json_out).is_dir():
-        return _fail(f"--json {args.json_out} is a folder; name a file.", 2)
+        raise UsageError(f"--json {args.json_out} is a folder; name a file.")
     if args.run is not None:
         try:
             caps, names = qkmap.run_captures(args.run)
         except (RunError, AttnvizError, OSError) as e:
-            return _fail(str(e), 2)
+            return say(e, 2)
     else:
-        from . import capture, load_model
+        from . import capture
         from .photos import load_photo
 
-        try:
-            model = load_model(args.model, args.size, checkpoint=args.checkpoint)
-        except ModelError as e:
-            return _fail(str(e), 2)
+        model = load_model_from(args)
         caps, names = [], []
         for name in args.photos:
             try:
                 caps.append(capture(model, load_photo(name, model).image, fit=args.fit))
             except (ImageError, OSError) as e:
-                return _fail(str(e) if isinstance(e, ImageError) else f"cannot read {name}: {e.strerror or e}.", 1)
+                return say(e if isinstance(e, ImageError) else f"cannot read {name}: {e.strerror or e}.", 1)
             names.append(name)
     layers, heads = caps[0].num_layers, caps[0].num_heads
     if not 1 <= args.layer <= layers:
-        return _fail(f"--layer must be 1…{layers}, not {args.layer}.", 2)
+        raise UsageError(f"--layer must be 1…{layers}, not {args.layer}.")
     if not 1 <= args.head <= heads:
-        return _fail(f"--head must be 1…{heads}, not {args.head}.", 2)
+        raise UsageError(f"--head must be 1…{heads}, not {args.head}.")
     qk = qkmap.qk_map(caps, args.layer - 1, args.head - 1, args.method, args.normalize)
     stats = qkmap.statistics(qk)
     points = qk.records()
@@ -97,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         atomic.write_text(args.json_out, json.dumps(document))
     except OSError as e:
-        return _fail(f"cannot write {args.json_out}: {e.strerror or e}.", 2)
+        return say(f"cannot write {args.json_out}: {e.strerror or e}.", 2)
     print(f"{len(points)} points of layer {args.layer}, head {args.head} ({len(names)} photos, {args.method}) "
           f"in {args.json_out}; q·k vs 2-D distance: Spearman {stats.distance_rho:+.2f}")
     return 0

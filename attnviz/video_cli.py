@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from . import i18n
+from .command import load_model_from, model_arguments, say
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,11 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     vid.add_argument("--scale", type=int, default=2, help="each model pixel becomes scale × scale pixels (default 2)")
     vid.add_argument("--alpha", type=float, default=0.6, help="heatmap opacity, 0…1 (default 0.6)")
     vid.add_argument("--cmap", default="inferno", help="matplotlib colour map (default inferno)")
-    vid.add_argument("--fit", choices=("crop", "squash"), default="crop", help="non-square frames: crop (default) or squash")
-    vid.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
-    vid.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
-    vid.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
-    vid.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    model_arguments(vid, fit_help="non-square frames: crop (default) or squash")
     vid.add_argument("--lang", choices=tuple(i18n.LANGUAGES), default=i18n.DEFAULT, help="language of the summary line")
     vid.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -49,15 +46,13 @@ def _head(text: str):
 def run(args: argparse.Namespace) -> int:
     import matplotlib
 
-    from . import load_model
-    from .errors import AttnvizError, ModelError
+    from .errors import AttnvizError
     from .video import VideoError, VideoSettings, describe, render_video
 
     try:
         import av  # noqa: F401
     except ImportError:
-        print("error: attnviz video needs PyAV: pip install 'attnviz[video]'", file=sys.stderr)
-        return 2
+        return say("attnviz video needs PyAV: pip install 'attnviz[video]'", 2)
     try:
         head = _head(args.head)
         if args.layer is not None and args.layer < 1:
@@ -77,14 +72,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {args.out} must be a file in an existing folder.")
         if out.exists() and out.resolve() == Path(args.video).resolve():
             raise ValueError(f"--out {args.out} is the input video itself; choose another file name.")
-        model = load_model(args.model, args.size, checkpoint=args.checkpoint, device=args.device)
+        model = load_model_from(args)
         if args.layer is not None and args.layer > model.depth:
             raise ValueError(f"--layer {args.layer}: {model.public_name} has {model.depth} layers.")
         if isinstance(head, int) and head >= model.num_heads:
             raise ValueError(f"--head {head + 1}: {model.public_name} has {model.num_heads} heads per layer.")
-    except (ValueError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        return say(e, 2)
     settings = VideoSettings(layer=None if args.layer is None else args.layer - 1, head=head, alpha=args.alpha,
                              cmap=args.cmap, fit=args.fit, fps=args.fps, scale=args.scale)
     from tqdm import tqdm
@@ -99,12 +93,10 @@ def run(args: argparse.Namespace) -> int:
         result = render_video(args.video, out, model, settings, progress=progress)
     except (VideoError, AttnvizError) as e:
         bar.close()
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return say(e, 1)
     except OSError as e:
         bar.close()
-        print(f"error: could not write {args.out}: {e.strerror or e}.", file=sys.stderr)
-        return 1
+        return say(f"could not write {args.out}: {e.strerror or e}.", 1)
     except KeyboardInterrupt:
         bar.close()
         print(f"interrupted: {args.out} was not written (no partial file is left).", file=sys.stderr)

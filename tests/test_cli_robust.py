@@ -27,7 +27,7 @@ def files_under(folder: Path) -> set[str]:
 
 
 def test_export_over_the_corpus(corpus, tiny, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny)
     out = tmp_path / "out"
     paths = [str(p) for _, p in corpus]
     code = cli.main(["export", *paths, "--out", str(out), "--quiet"])
@@ -47,7 +47,7 @@ def test_export_over_the_corpus(corpus, tiny, tmp_path, monkeypatch, capsys):
 
 
 def test_exported_attention_equals_a_fresh_capture(corpus, tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny)
     entry, path = next((e, p) for e, p in corpus if e.name == "exif_orientation_6.jpg")
     assert cli.main(["export", str(path), "--out", str(tmp_path), "--quiet"]) == 0
     saved = np.load(tmp_path / "exif_orientation_6.npz")
@@ -70,7 +70,7 @@ def test_safe_stem_never_escapes_the_folder(name, stem):
 
 
 def test_hostile_names_write_only_inside_out(tiny, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny)
     nested = tmp_path / "in" / "a" / "b"
     nested.mkdir(parents=True)
     photo(40, 30).save(nested / "..png", format="PNG")

@@ -164,7 +164,7 @@ def test_cli_pdf_has_the_layer_titles_and_colour_bar_numbers(real_model, tmp_pat
 @pytest.fixture
 def loaded(real_model, monkeypatch):
     """The CLI gets the session's real model instead of loading it again (the PDF test loads its own)."""
-    monkeypatch.setattr(attnviz, "load_model", lambda *args, **kwargs: real_model)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *args, **kwargs: real_model)
     return real_model
 
 

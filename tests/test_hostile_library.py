@@ -40,7 +40,7 @@ CORPUS = entries()
 def model(monkeypatch):
     """The tiny ViT, also as the model `attnviz export` loads."""
     tiny = tiny_vit()
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny)
     return tiny
 
 
@@ -75,7 +75,7 @@ def test_an_output_that_is_an_input_is_refused_before_anything_is_written(tmp_pa
     photo(40, 30, seed=1).save(tmp_path / victim, format="PNG")  # an image the person also wants exported
     before = contents(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "load_model", never_load)  # refused before the model is even loaded
+    monkeypatch.setattr(attnviz.models, "load_model", never_load)  # refused before the model is even loaded
     code, err = run(["x.jpg", victim, "--out", ".", *options], capsys)
     assert code == 2 and len(err) == 1 and one_sentence(err[0]), err
     assert err[0].startswith(f"error: x.jpg's ") and f"would overwrite the input {victim} " in err[0]
@@ -84,7 +84,7 @@ def test_an_output_that_is_an_input_is_refused_before_anything_is_written(tmp_pa
 
 
 def test_links_do_not_hide_an_input(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", never_load)
+    monkeypatch.setattr(attnviz.models, "load_model", never_load)
     photos_dir = tmp_path / "photos"
     photos_dir.mkdir()
     photo(40, 30).save(photos_dir / "x.jpg")
@@ -108,7 +108,7 @@ def test_links_do_not_hide_an_input(tmp_path, capsys, monkeypatch):
 
 
 def test_the_checkpoint_is_an_input_too(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", never_load)
+    monkeypatch.setattr(attnviz.models, "load_model", never_load)
     photo(40, 30).save(tmp_path / "x.jpg")
     (tmp_path / "x.npz").write_bytes(b"my fine-tuned weights")  # oddly named, and precious
     code, err = run([tmp_path / "x.jpg", "--checkpoint", tmp_path / "x.npz", "--out", tmp_path], capsys)
@@ -154,7 +154,7 @@ def test_an_interrupted_export_leaves_no_half_file_and_keeps_the_old_one(tmp_pat
     assert sorted(p.name for p in out.iterdir()) == ["x.npz", "x_overlay.png"]  # no .part, nothing of y
 
     monkeypatch.setattr(export, "_write_attention", real)
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     code, err = run([tmp_path / "y.jpg", "--out", out], capsys)
     assert (code, err) == (130, ["interrupted before any photo was exported."])
 
@@ -285,7 +285,7 @@ def test_nan_and_infinite_pictures_are_one_sentence_everywhere(tiny, tmp_path, c
     with pytest.raises(ImageError, match=r"^the input holds values that are not numbers \(NaN or infinite\)"):
         attnviz.capture_tensor(tiny, x)
     (tmp_path / "scan.tif").write_bytes(float_tiff(values))
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny)
     code, err = run([tmp_path / "scan.tif", "--out", tmp_path / "out"], capsys)
     assert code == 1 and err == [f"error: {page.value}"]
 
@@ -355,7 +355,7 @@ def test_pipes_devices_and_huge_files_are_refused_without_reading(tiny, tmp_path
     assert str(caught.value) == "huge.jpg is 1024 MB; attnviz reads photos of at most 50 MB."  # no "upload limit"
     assert peak < 1_000_000, peak  # bytes: refused by stat, not one megabyte of the gigabyte read
 
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny)
     photo(40, 30).save(tmp_path / "good.png")
     (tmp_path / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     (tmp_path / "loop.jpg").symlink_to(tmp_path / "loop.jpg")

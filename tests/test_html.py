@@ -212,7 +212,7 @@ def test_layer_sweep_has_every_layer_in_order():
 
 def test_cli_writes_html_and_gif(tmp_path, monkeypatch, capsys):
     model = tiny_vit()
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: model)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: model)
     out = tmp_path / "out"
     code = cli.main(["export", str(ASSETS / "cat.jpg"), "--out", str(out), "--html", "--gif", "--lang", "zh-TW",
                      "--format", "qk", "--quiet"])

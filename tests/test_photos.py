@@ -58,7 +58,7 @@ def test_reduced_decoding_changes_the_models_view_only_by_rounding(real_model):
 
 
 def test_library_and_cli_feed_the_model_identical_pixels(real_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "load_model", lambda *a, **k: real_model)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: real_model)
     for name in ("phone_12mp_rotated.jpg", "iphone_12mp_rotated.heic", "phone_rotated.avif"):
         path = tmp_path / name
         path.write_bytes(PHONE[name].data)

@@ -173,7 +173,7 @@ def test_limits_are_checked_from_the_header_before_any_frame(tiny, tmp_path, mon
 @pytest.fixture
 def loaded(monkeypatch):
     model = tiny_vit()
-    monkeypatch.setattr(attnviz, "load_model", lambda *args, **kwargs: model)
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *args, **kwargs: model)
     return model
 
 

@@ -1,0 +1,58 @@
+"""What every ``attnviz`` command shares: the options that name the model, the model they name, and how a
+problem becomes one line on stderr and an exit code.
+
+Exit codes: 2 for options that cannot work (:class:`UsageError`, raised before anything is written), 1 for
+an input that cannot be used, 130 after Ctrl-C. Each command says its own sentences; this module only
+carries them to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from . import models
+from .errors import ModelError
+
+FIT_HELP = "non-square photos: crop (default) or squash"
+
+
+class UsageError(Exception):
+    """An option that cannot work; the message is one line for a person."""
+
+
+def model_arguments(parser: argparse.ArgumentParser, fit_help: str = FIT_HELP, device: bool = True) -> None:
+    """Add ``--model``, ``--checkpoint``, ``--size``, ``--fit`` and (with ``device``) ``--device`` to ``parser``."""
+    parser.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
+    parser.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
+    parser.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
+    parser.add_argument("--fit", choices=("crop", "squash"), default="crop", help=fit_help)
+    if device:
+        parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+
+
+def load_model_from(args: argparse.Namespace, consequence: str = "") -> models.Model:
+    """The model that :func:`model_arguments`' options in ``args`` name; one that cannot load is a
+    :class:`UsageError`, the model's sentence followed by ``consequence`` (e.g. "Nothing was written.")."""
+    try:
+        return models.load_model(args.model, args.size, checkpoint=args.checkpoint, device=getattr(args, "device", None))
+    except ModelError as e:
+        raise UsageError(f"{e} {consequence}" if consequence else str(e)) from None
+
+
+def say(error: object, code: int) -> int:
+    """Write ``error`` as one line ``error: …`` on stderr; ``code`` is the exit code to return."""
+    print(f"error: {error}", file=sys.stderr)
+    return code
+
+
+def run_command(run: Callable[[argparse.Namespace], int], args: argparse.Namespace, interrupted: str) -> int:
+    """``run(args)``'s exit code; a :class:`UsageError` it raises is one line and exit code 2, and Ctrl-C
+    that ``run`` does not answer itself (while the model loads) is the line ``interrupted`` and exit code 130."""
+    try:
+        return run(args)
+    except UsageError as e:
+        return say(e, 2)
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        return 130
