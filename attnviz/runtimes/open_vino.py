@@ -1,11 +1,20 @@
 """OpenVINO (Intel) on the CPU, in float32: one compiled model per exported graph, one inference
-request per call (a request is not shared between threads)."""
+request per call (a request is not shared between threads).
+
+OpenVINO runs at most one request per *stream* at a time ("num_streams limits the number of infer requests
+that can be run in parallel"), and its latency hint makes one stream. A server runs one thread per forward
+pass and many forward passes at once (a class's uploads, live frames): with one stream they would queue
+behind each other on one core. So the cores are split into streams of ``threads`` threads each, and
+concurrent calls run side by side, as PyTorch's do."""
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from ..jobs import core_count
 
 NAME = "openvino"
 PACKAGE = "openvino"
@@ -15,11 +24,12 @@ def start(path: Path, threads: int) -> Callable[[np.ndarray], list[np.ndarray]]:
     """A function (1, 3, S, S) float32 → the graph's outputs, on ``threads`` CPU threads."""
     import openvino as ov
 
+    streams = max(1, core_count() // threads)  # one thread per forward pass on 2 cores: 2 streams of 1 thread
     compiled = ov.Core().compile_model(str(path), "CPU", {
-        "INFERENCE_NUM_THREADS": threads,
+        "NUM_STREAMS": streams,
+        "INFERENCE_NUM_THREADS": streams * threads,
         # Without this OpenVINO computes in bfloat16 on CPUs that have it: fast, and not the same numbers.
         "INFERENCE_PRECISION_HINT": "f32",
-        "PERFORMANCE_HINT": "LATENCY",
         "ENABLE_CPU_PINNING": False,  # a shared machine: threads go where the OS finds a free core
     })
     outputs = compiled.outputs
