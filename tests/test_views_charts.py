@@ -138,6 +138,8 @@ def test_each_chart_has_its_svg_and_pdf_buttons(pages):
         offered = set(at.session_state["offered"])
         assert offered == OFFERED[view], view
         assert labels.count(svg_label) == labels.count(pdf_label) == len(offered), (view, labels)
+    stats_png = {"en": "Download all three panels (PNG)", "zh-TW": "下載三張圖合一（PNG）"}[lang]
+    assert stats_png in [b.label for b in apps["stats"].get("download_button")]  # not "this picture": it is all three
 
 
 def test_each_chart_is_a_self_contained_svg_and_a_pdf_with_its_words(pages):

@@ -107,7 +107,7 @@ def show(ctx: Context) -> None:
                  (("head", "head_legend"), ("mean", "mean_legend"), ("uniform", "uniform"), ("layer", "layer_axis"))}
         download_file(
             lambda: figure_png(export_figure(data, stats, titles, axes, words)), "head_statistics.png",
-            key="download_stats",
+            key="download_stats", label=t("analysis.stats.download_all"),
         )
 
 
