@@ -285,22 +285,41 @@ def figure_bytes(cap: Capture, format: str = "svg", dpi: int = 300, **options) -
 def chart_bytes(chart, format: str = "svg", dpi: int = 300) -> bytes:
     """An Altair chart (or a Vega-Lite spec as a dict) as SVG, PDF or PNG, axes and labels kept, via
     vl-convert (Vega's own renderer). Text is drawn in Noto Sans CJK TC when it is installed (its Latin
-    letters too), so Chinese labels never show as boxes; an SVG carries the subset font as a data: URI.
-    Nothing outside the spec is fetched (``allowed_base_urls=[]``)."""
+    letters too; DejaVu Sans for the few signs it lacks, such as ✕), so Chinese labels never show as
+    boxes; an SVG carries the subset fonts as data: URIs. Nothing outside the spec is fetched
+    (``allowed_base_urls=[]``).
+
+    A chart made for the page converts as it is: its selections (clicks, hovers, a legend bound to a
+    selection) stay in the spec and are drawn as before any interaction, and a width or height of
+    ``"container"`` (the page's column, which a file does not have) becomes Vega-Lite's default size."""
     try:
         import vl_convert
     except ImportError:
         raise FigureError("charts as SVG or PDF need vl-convert-python: pip install 'attnviz[figures]'.") from None
     if format not in FORMATS:
         raise FigureError(f"the format must be svg, pdf or png, not {format!r}.")
-    spec = chart.to_dict() if hasattr(chart, "to_dict") else dict(chart)
+    spec = _without_container(chart.to_dict() if hasattr(chart, "to_dict") else dict(chart))
     family = CJK_FONT if cjk_font() else LATIN_FONT
-    options = {"config": {"font": family}, "allowed_base_urls": []}
+    font = f"{CJK_FONT}, {LATIN_FONT}" if family == CJK_FONT else LATIN_FONT
+    # aria off: each mark's aria-label repeats its data (a photo's whole data: URL), doubling the file
+    options = {"config": {"font": font, "aria": False}, "allowed_base_urls": []}
     if format == "svg":
-        return embed_fonts(vl_convert.vegalite_to_svg(spec, **options), (family,)).encode("utf-8")
+        svg = vl_convert.vegalite_to_svg(spec, **options)
+        fallback = LATIN_FONT if family == CJK_FONT else None
+        return embed_fonts(svg, (family,), fallback=fallback).encode("utf-8")
     if format == "pdf":
         return vl_convert.vegalite_to_pdf(spec, **options)
     return vl_convert.vegalite_to_png(spec, scale=dpi / 72, **options)
+
+
+def _without_container(spec):
+    """``spec`` with every ``width`` / ``height`` of ``"container"`` left out, at any depth."""
+    if isinstance(spec, dict):
+        return {key: _without_container(value) for key, value in spec.items()
+                if not (key in ("width", "height") and value == "container")}
+    if isinstance(spec, list):
+        return [_without_container(value) for value in spec]
+    return spec
 
 
 # ---- fonts ----
@@ -332,15 +351,28 @@ def cjk_font() -> bool:
     return True
 
 
+def _found(family: str) -> tuple[str, int] | None:
+    """(file, face number) of ``family``: matplotlib's own font, or an installed one."""
+    if family == LATIN_FONT:
+        return font_manager.findfont(LATIN_FONT, fallback_to_default=False), 0
+    return _font_file(family)
+
+
+@lru_cache(maxsize=None)
+def _covered(family: str) -> frozenset[int]:
+    """The code points ``family`` has a glyph for (none when it is not installed)."""
+    from fontTools.ttLib import TTFont
+
+    found = _found(family)
+    return frozenset() if found is None else frozenset(TTFont(found[0], fontNumber=found[1], lazy=True).getBestCmap())
+
+
 def _subset(family: str, characters: str) -> bytes | None:
     """A subset of ``family`` holding just ``characters`` (plus .notdef), as an OpenType file."""
     from fontTools import subset
     from fontTools.ttLib import TTFont
 
-    if family == LATIN_FONT:
-        found = (font_manager.findfont(LATIN_FONT, fallback_to_default=False), 0)
-    else:
-        found = _font_file(family)
+    found = _found(family)
     if found is None:
         return None
     font = TTFont(found[0], fontNumber=found[1])
@@ -388,18 +420,22 @@ def share_images(svg: str) -> str:
         r"(<svg\b[^>]*>)", lambda m: m.group(1) + "\n<defs>" + defs + "</defs>", body, count=1)
 
 
-def embed_fonts(svg: str, families: Sequence[str] = (LATIN_FONT, CJK_FONT)) -> str:
-    """``svg`` with an ``@font-face`` rule per font it uses, each a subset of the characters of its text."""
+def embed_fonts(svg: str, families: Sequence[str] = (LATIN_FONT, CJK_FONT), fallback: str | None = None) -> str:
+    """``svg`` with an ``@font-face`` rule per font it uses, each a subset of the characters of its text;
+    ``fallback``: one more font, holding just the characters that the first of ``families`` lacks."""
     import html
 
     characters = "".join(sorted({ch for m in _TEXT.finditer(svg) for ch in html.unescape(m.group(1))}))
     if not characters:
         return svg
+    subsets = [(family, characters) for family in families
+               if not (family == CJK_FONT and len(families) > 1 and not any(ord(ch) > 0x2E7F for ch in characters))]
+    if fallback is not None:
+        missing = "".join(ch for ch in characters if not ch.isspace() and ord(ch) not in _covered(families[0]))
+        subsets += [(fallback, missing)] if missing else []
     rules = []
-    for family in families:
-        if family == CJK_FONT and len(families) > 1 and not any(ord(ch) > 0x2E7F for ch in characters):
-            continue
-        data = _subset(family, characters)
+    for family, wanted in subsets:
+        data = _subset(family, wanted)
         if data is not None:
             encoded = base64.b64encode(data).decode("ascii")
             rules.append(f"@font-face {{ font-family: '{family}'; src: url(data:font/otf;base64,{encoded}) "

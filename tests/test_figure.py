@@ -229,6 +229,42 @@ def test_an_altair_chart_keeps_its_axes_and_chinese_labels_in_svg_and_pdf():
     assert "每層的熵" in text and "熵（位元）" in text and "3.5" in text
 
 
+
+def test_a_page_chart_with_selections_and_a_container_width_converts():
+    pytest.importorskip("vl_convert")
+    pypdf = pytest.importorskip("pypdf")
+    import altair as alt
+    import pandas as pd
+    from fontTools.ttLib import TTFont
+
+    table = pd.DataFrame({"layer": [1, 2, 3], "entropy": [0.25, 3.5, 1.75], "off": [False, True, False]})
+    click = alt.selection_point(name="cell", fields=["layer"], on="click", clear=False)
+    hover = alt.selection_point(name="hover", fields=["layer"], on="pointerover", clear="pointerout")
+    legend = alt.selection_point(fields=["off"], bind="legend")
+    dots = alt.Chart(table).mark_circle(size=80).encode(
+        x=alt.X("layer:Q", title="Layer axis"), y=alt.Y("entropy:Q", title="Entropy axis"), color="off:N",
+        opacity=alt.condition(legend, alt.value(1.0), alt.value(0.1)),
+        stroke=alt.condition(hover, alt.value("red"), alt.value(None), empty=False),
+    ).add_params(click, hover, legend)
+    framed = alt.Chart(table).mark_rect(color="red").encode(x="layer:Q", y="entropy:Q").transform_filter(
+        {"param": "hover", "empty": False})  # drawn only while hovering: nothing in a file
+    crosses = alt.Chart(table[table["off"]]).mark_text(text="✕").encode(x="layer:Q", y="entropy:Q")
+    chart = alt.layer(dots, framed, crosses).properties(width="container", height=200)
+    svg = figure.chart_bytes(chart, "svg").decode()
+    root = ET.fromstring(svg)
+    assert int(root.get("width")) > 300  # Vega-Lite's default 300 px plot and its axes, not a 0 px container
+    words = ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+    assert {"Layer axis", "Entropy axis", "✕", "3.5"} <= set(words)
+    assert not [e for e in root.iter() if (e.get(XLINK) or e.get("href") or "").startswith("http")]
+    assert [e.get("stroke") for e in root.iter(f"{SVG}path") if e.get("fill") == "red"] == []  # no hover frame
+    faces = dict(re.findall(r"font-family: '([^']+)'; src: url\(data:font/otf;base64,([A-Za-z0-9+/=]+)\)", svg))
+    covered = set()
+    for encoded in faces.values():
+        covered |= set(TTFont(io.BytesIO(base64.b64decode(encoded))).getBestCmap())
+    assert all(ord(ch) in covered for ch in "".join(words) if not ch.isspace())  # ✕ too (DejaVu where CJK lacks it)
+    text = pypdf.PdfReader(io.BytesIO(figure.chart_bytes(chart, "pdf"))).pages[0].extract_text()
+    assert "Layer axis" in text and "Entropy axis" in text and "✕" in text
+
 def test_rollout_cells_are_the_colour_map_at_a_recomputed_rollout(tiny_capture):
     _, cap, ref = tiny_capture
     fig = figure.compose(cap, views=("rollout",), rollout=(0, 1, "mean", 0.0), cmap="magma")

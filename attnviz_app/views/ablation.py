@@ -14,7 +14,7 @@ from .. import heavy
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import enlarge
+from .common import download_chart, enlarge
 
 KIND = "ablation"
 OFF = "ablation_off"  # the heads switched off in this session: sorted list of "layer-head" (0-based)
@@ -118,14 +118,17 @@ def show(ctx: Context) -> None:
         with left:
             st.markdown(f"**{t('ablation_page.effect_title')}**")
             st.caption(effect_title)
-            st.altair_chart(grid_chart(result.effect, effect_title, set(off_keys), True, "reds"),
-                            key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
+            effect = grid_chart(result.effect, effect_title, set(off_keys), True, "reds")
+            st.altair_chart(effect, key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
                             selection_mode="cell", width="content")
+            download_chart(effect.properties(title=effect_title), "head_ablation_effect", key="ablation_effect")
         with right:
             st.markdown(f"**{t('ablation_page.statistic')}**")
             st.caption(t(f"ablation_page.{statistic}"))
-            st.altair_chart(grid_chart(values, t(f"ablation_page.{statistic}"), set(off_keys), False, "blues"),
-                            width="content")
+            chart = grid_chart(values, t(f"ablation_page.{statistic}"), set(off_keys), False, "blues")
+            st.altair_chart(chart, width="content")
+            download_chart(chart.properties(title=t(f"ablation_page.{statistic}")), f"head_{statistic}",
+                           key="ablation_statistic")
         st.info(correlation_sentence(result, statistic))
 
     options = [head_key(l, h) for l in range(cap.num_layers) for h in range(cap.num_heads)]

@@ -87,13 +87,27 @@ def download_figure(ctx, views: tuple[str, ...], layers: tuple[int, ...], heads:
         return lambda: figure.figure_bytes(cap, format, layers=layers, heads=heads, views=views, picture=ctx.view,
                                            cmap=ctx.cmap, alpha=ctx.alpha, lang=lang, rollout=rollout)
 
+    _vector_buttons(build, stem, key, t("figure.download_help"))
+
+
+def download_chart(chart, stem: str, key: str) -> None:
+    """"Download SVG" and "Download PDF" beside an Altair chart: the chart as the page draws it, through
+    :func:`attnviz.figure.chart_bytes`, converted only when its button is clicked. Its words are already
+    in the page's language (the chart was built with ``t``)."""
+    from attnviz import figure
+
+    _vector_buttons(lambda format: lambda: figure.chart_bytes(chart, format), stem, key, t("figure.chart_help"))
+
+
+def _vector_buttons(build, stem: str, key: str, help: str) -> None:
+    """The two buttons side by side; ``build(format)`` is the callable that makes the file."""
     svg, pdf = st.columns(2)
     with svg:
         download_file(build("svg"), f"{stem}.svg", key=f"{key}_svg", mime="image/svg+xml",
-                      label=t("figure.download_svg"), help=t("figure.download_help"))
+                      label=t("figure.download_svg"), help=help)
     with pdf:
         download_file(build("pdf"), f"{stem}.pdf", key=f"{key}_pdf", mime="application/pdf",
-                      label=t("figure.download_pdf"), help=t("figure.download_help"))
+                      label=t("figure.download_pdf"), help=help)
 
 
 def head_part(head) -> str:

@@ -12,6 +12,7 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, View, register
+from .common import download_chart
 
 KIND = "faithfulness"
 
@@ -103,8 +104,10 @@ def curves_chart(result: fa.Faithfulness, narrow: bool = False) -> alt.Chart:
 def results(result: fa.Faithfulness, narrow: bool = False) -> None:
     fill = t(f"faithfulness.fill_{result.fill}")
     st.info(fa.sentence(result, lang()))
-    st.altair_chart(curves_chart(result, narrow))
+    chart = curves_chart(result, narrow)
+    st.altair_chart(chart)
     st.caption(t("faith_page.chart_caption", fill=fill, orders=len(result.random)))
+    download_chart(chart, f"deletion_insertion_curves_{result.fill}", key="faith_curves")
     verdict = lambda v: t(f"faith_page.verdict_{v}")  # noqa: E731
     rows = fa.table(result, lang())
     table = pd.DataFrame({

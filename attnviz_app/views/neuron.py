@@ -10,7 +10,7 @@ from attnviz.neuron import neuron_pair
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import clickable_picture, enlarge, mark_patch, selected_points
+from .common import clickable_picture, download_chart, enlarge, mark_patch, selected_points
 
 QUERY, KEY = "neuron_query", "neuron_key"  # (row, col) of the chosen patches
 
@@ -80,7 +80,10 @@ def show(ctx: Context) -> None:
     pair = neuron_pair(cap, ctx.layer, head, query, key)
     d = pair.q.shape[0]
     st.markdown(t("neuron_page.strip", layer=ctx.layer + 1, head=head + 1, d=d))
-    st.altair_chart(strip_chart(pair, ctx.narrow))
+    strip = strip_chart(pair, ctx.narrow)
+    st.altair_chart(strip)
+    download_chart(strip.properties(title=t("neuron_page.strip", layer=ctx.layer + 1, head=head + 1, d=d)),
+                   f"q_k_product_layer{ctx.layer + 1}_head{head + 1}_query{query}_key{key}", key="neuron_strip")
     st.markdown(t("neuron_page.steps", dot=pair.dot, d=d, scale=pair.scale, bias=pair.bias, logit=pair.logit,
                   n=pair.num_tokens, weight=pair.weight))
     captured = float(cap.weights(ctx.layer, head)[query, key])

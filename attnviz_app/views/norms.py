@@ -17,7 +17,7 @@ from attnviz.capture import HIGH_NORM_RATIO, Capture
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import colour_scale, enlarge, token_label
+from .common import colour_scale, download_chart, enlarge, token_label
 
 HIGH_NORM_COLOUR = (255, 0, 255)  # magenta: apart from the cyan query frame and every colour map's ends
 
@@ -81,7 +81,9 @@ def show(ctx: Context) -> None:
     threshold = alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(y="y:Q")
     label = alt.Chart(rule).mark_text(align="left", dx=4, dy=-7, color="gray").encode(y="y:Q", x=alt.value(0), text="label:N")
     st.markdown(f"**{t('families.norms_by_layer')}**")
-    st.altair_chart(alt.layer(lines, threshold, label).properties(height=240), width="stretch")
+    chart = alt.layer(lines, threshold, label).properties(height=240)
+    st.altair_chart(chart, width="stretch")
+    download_chart(chart.properties(title=t("families.norms_by_layer")), "token_norms_by_layer", key="norms_by_layer")
 
     layer = ctx.layer
     ratios = cap.norm_ratio(layer)  # (h, w)
@@ -111,7 +113,10 @@ def show(ctx: Context) -> None:
             x=alt.X("norm:Q", bin=alt.Bin(maxbins=40), title=t("families.norms_norm_axis")),
             y=alt.Y("count():Q", title=t("families.norms_count_axis")),
         )
-        st.altair_chart(histogram.properties(height=220), width="stretch")
+        histogram = histogram.properties(height=220)
+        st.altair_chart(histogram, width="stretch")
+        download_chart(histogram.properties(title=t("families.norms_histogram", layer=layer + 1)),
+                       f"token_norms_layer{layer + 1}_histogram", key="norms_histogram")
 
 
 register(View("norms", show, controls=frozenset({LAYER, OPACITY, COLOURS, SMOOTH}), order=90))  # per layer, not per head

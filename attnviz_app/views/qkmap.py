@@ -9,7 +9,7 @@ from .. import heavy
 from ..text import t
 
 from .base import HEAD, LAYER, Context, View, register
-from .common import data_url, selected_points, token_label
+from .common import data_url, download_chart, selected_points, token_label
 from .query import set_query
 
 CHART_KEY = "qk_chart"
@@ -82,17 +82,37 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
     import pandas as pd
 
     h, w = qk.grid
+    side = NARROW_PX if narrow else PRESENT_PX if present else SCATTER_PX
+    plot = points_plot(qk, values, query, colour_title, side, narrow)
+    photo_side = NARROW_PHOTO_PX if narrow else PRESENT_PHOTO_PX if present else PHOTO_PX
+    patches = pd.DataFrame({"row": qk.row, "col": qk.column, "r1": qk.row + 1, "c1": qk.column + 1})
+    patches = patches[patches["row"] >= 0]
+    cx = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
+    cy = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
+    whole = pd.DataFrame([{"col": 0, "row": 0, "c1": w, "r1": h, "url": data_url(picture)}])
+    image = alt.Chart(whole).mark_image(aspect=False).encode(x=cx, x2="c1:Q", y=cy, y2="r1:Q", url="url:N")
+    frame = alt.Chart(patches).mark_rect(fillOpacity=0, stroke="#00ffff", strokeWidth=3).encode(
+        x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter({"param": "hover", "empty": False})
+    photo = alt.layer(image, frame).properties(width=photo_side, height=photo_side, title=t("qkmap.hover_title"))
+    chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
+    # Vega's canvas renderer: thousands of points draw in a fraction of SVG's time (bench/qkmap.py).
+    return configured(chart).properties(usermeta=CANVAS)
+
+
+def points_plot(qk: qkmap.QKMap, values: np.ndarray, query: int, colour_title: str, side: int, narrow: bool):
+    """The map itself, ``side`` px square: the points, the chosen query ringed, lines to its top keys. It
+    defines the selections ``hover`` (the photo beside it reads it) and ``pick`` (a click)."""
+    import altair as alt
+    import pandas as pd
+
     p = qk.num_prefix_tokens
-    kinds = qk.kind
     labels = [token_label(int(i), p, qk.grid) for i in range(qk.num_tokens)]
     data = pd.DataFrame({
-        "x": qk.xy[:, 0], "y": qk.xy[:, 1], "kind": kinds,
+        "x": qk.xy[:, 0], "y": qk.xy[:, 1], "kind": qk.kind,
         "kind_label": np.where(qk.is_key, t("qkmap.key"), t("qkmap.query")),
         "token": qk.token, "label": [labels[i] for i in qk.token],
-        "row": qk.row, "col": qk.column, "r1": qk.row + 1, "c1": qk.column + 1,
-        "value": values,
+        "row": qk.row, "col": qk.column, "value": values,
     })
-    side = NARROW_PX if narrow else PRESENT_PX if present else SCATTER_PX
     x = alt.X("x:Q", axis=alt.Axis(title=t("qkmap.axis_1"), labels=False, ticks=False), scale=alt.Scale(zero=False))
     y = alt.Y("y:Q", axis=alt.Axis(title=t("qkmap.axis_2"), labels=False, ticks=False), scale=alt.Scale(zero=False))
     shape = alt.Shape("kind_label:N", scale=alt.Scale(domain=[t("qkmap.query"), t("qkmap.key")],
@@ -102,8 +122,8 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
     pick = alt.selection_point(name="pick", fields=["kind", "token"], on="click", clear=False)
     tooltip = [alt.Tooltip("kind_label:N", title=t("qkmap.kind")), alt.Tooltip("label:N", title=t("qkmap.token")),
                alt.Tooltip("value:Q", title=colour_title, format=".3f")]
-    patches = data[data["row"] >= 0]
-    points = alt.Chart(patches).mark_point(filled=True, size=30 if not narrow else 18, opacity=0.8).encode(
+    points = alt.Chart(data[data["row"] >= 0]).mark_point(filled=True, size=30 if not narrow else 18,
+                                                          opacity=0.8).encode(
         x=x, y=y, shape=shape, tooltip=tooltip,
         color=alt.Color("value:Q", scale=alt.Scale(scheme="viridis"),
                         legend=alt.Legend(title=colour_title, orient="bottom", gradientLength=min(side - 60, 260))),
@@ -117,19 +137,11 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
     top_lines = alt.Chart(lines).mark_rule(color="#ff00aa", strokeWidth=2).encode(x=x, y=y, x2="x2:Q", y2="y2:Q")
     chosen = alt.Chart(data.iloc[[start]]).mark_point(shape="circle", size=260, filled=False, color="#ff00aa",
                                                       strokeWidth=3).encode(x=x, y=y)
-    plot = alt.layer(top_lines, points, prefix, chosen).properties(width=side, height=side)
+    return alt.layer(top_lines, points, prefix, chosen).properties(width=side, height=side)
 
-    photo_side = NARROW_PHOTO_PX if narrow else PRESENT_PHOTO_PX if present else PHOTO_PX
-    cx = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
-    cy = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
-    whole = pd.DataFrame([{"col": 0, "row": 0, "c1": w, "r1": h, "url": data_url(picture)}])
-    image = alt.Chart(whole).mark_image(aspect=False).encode(x=cx, x2="c1:Q", y=cy, y2="r1:Q", url="url:N")
-    frame = alt.Chart(patches).mark_rect(fillOpacity=0, stroke="#00ffff", strokeWidth=3).encode(
-        x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter({"param": "hover", "empty": False})
-    photo = alt.layer(image, frame).properties(width=photo_side, height=photo_side, title=t("qkmap.hover_title"))
-    chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
-    # Vega's canvas renderer: thousands of points draw in a fraction of SVG's time (bench/qkmap.py).
-    return chart.configure_view(strokeWidth=0).configure_legend(labelLimit=260).properties(usermeta=CANVAS)
+
+def configured(chart):
+    return chart.configure_view(strokeWidth=0).configure_legend(labelLimit=260)
 
 
 def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: np.ndarray, narrow: bool,
@@ -198,8 +210,12 @@ def show(ctx: Context) -> None:
         set_query(cap, query)  # the Query view's query from now on
     if colour in ("row", "column"):
         values = values + 1  # counted from 1, as the page counts rows and columns
-    chart = scatter(qk, values, ctx.view, query, t(f"qkmap.colour_{colour}"), ctx.narrow, ctx.present)
+    colour_title = t(f"qkmap.colour_{colour}")
+    chart = scatter(qk, values, ctx.view, query, colour_title, ctx.narrow, ctx.present)
     st.altair_chart(chart, key=CHART_KEY, on_select=_picked_point, selection_mode="pick", width="content")
+    # the file: the map alone (the photo beside it only shows the patch under the pointer)
+    download_chart(configured(points_plot(qk, values, query, colour_title, SCATTER_PX, False)),
+                   f"qk_map_layer{ctx.layer + 1}_head{head + 1}_{method}", key="qk_map_download")
     st.markdown(measured_sentence(stats, ctx.layer, head))
     top = ", ".join(token_label(int(k), cap.num_prefix_tokens, cap.grid) for k in qk.top_keys(0, query, TOP))
     st.markdown(t("qkmap.lines", query=token_label(query, cap.num_prefix_tokens, cap.grid), top=top, n=TOP))
@@ -212,9 +228,9 @@ def show(ctx: Context) -> None:
     st.subheader(t("qkmap.atlas_title", layers=cap.num_layers, heads=cap.num_heads))
     st.caption(t("qkmap.atlas_explain"))
     at, picture = heavy.run("qk_atlas", ctx.cap_key, (), lambda: _atlas(cap), t("qkmap.working"))
-    st.altair_chart(atlas_chart(picture, cap.num_layers, cap.num_heads, at.row_r, at.column_r, ctx.narrow,
-                                (ctx.layer, head)),
-                    key=ATLAS_KEY, on_select=_picked_head, selection_mode="tile", width="content")
+    atlas = atlas_chart(picture, cap.num_layers, cap.num_heads, at.row_r, at.column_r, ctx.narrow, (ctx.layer, head))
+    st.altair_chart(atlas, key=ATLAS_KEY, on_select=_picked_head, selection_mode="tile", width="content")
+    download_chart(atlas, "qk_atlas", key="qk_atlas_download")
     strongest = np.unravel_index(np.argmax(np.maximum(at.row_r, at.column_r)), at.row_r.shape)
     weakest = np.unravel_index(np.argmin(np.maximum(at.row_r, at.column_r)), at.row_r.shape)
     st.markdown(t("qkmap.atlas_sentence",

@@ -10,9 +10,10 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, View, register
-from .common import download_file, figure_png
+from .common import download_chart, download_file, figure_png
 
 PANELS = ("distance", "entropy", "prefix")
+STEMS = {"distance": "head_mean_attention_distance", "entropy": "head_cls_entropy", "prefix": "head_prefix_share"}
 
 
 def table(stats: HeadStats) -> pd.DataFrame:
@@ -99,12 +100,14 @@ def show(ctx: Context) -> None:
             chart = panel(data, field, axes[field], reference, label)
             st.altair_chart(chart, width="stretch")
             st.caption(helps[field])
+            # the file carries the panel's title, which the page writes above the chart
+            download_chart(chart.properties(title=titles[field]), STEMS[field], key=f"stats_{field}")
     with right:
         words = {w: t(f"analysis.stats.{k}") for w, k in
                  (("head", "head_legend"), ("mean", "mean_legend"), ("uniform", "uniform"), ("layer", "layer_axis"))}
         download_file(
             lambda: figure_png(export_figure(data, stats, titles, axes, words)), "head_statistics.png",
-            key="download_stats",
+            key="download_stats", label=t("analysis.stats.download_all"),
         )
 
 
