@@ -112,6 +112,55 @@ def live() -> None:
               f"{r['dropped']:.0%} |", flush=True)
 
 
+def server(rounds: int = 3, per_caller: int = 10) -> None:
+    """The server's setting: one thread per forward pass, 196 px, one caller and then as many callers at once
+    as cores (a class's uploads, live frames). Captures per second on each runtime, rounds interleaved."""
+    import threading
+
+    import psutil
+    import torch
+
+    import attnviz
+    from attnviz import runtimes
+    from attnviz.capture import capture_tensor
+    from attnviz.jobs import core_count
+
+    torch.set_num_threads(1)
+    model = attnviz.load_model(size=196)
+    x = runtimes.probe(model)
+    models = {"pytorch": model, **{name: runtimes.on_runtime(model, name, threads=1) for name in runtimes.installed()}}
+    callers = core_count()
+
+    def rate(m, n: int) -> float:
+        def work() -> None:
+            torch.set_num_threads(1)  # per thread: what tuning.serve() gives every Streamlit thread
+            for _ in range(per_caller):
+                capture_tensor(m, x)
+        threads = [threading.Thread(target=work) for _ in range(n)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return n * per_caller / (time.perf_counter() - start)
+
+    for m in models.values():
+        rate(m, 1)  # warm-up
+    rates: dict[str, dict[int, list[float]]] = {name: {1: [], callers: []} for name in models}
+    for _ in range(rounds):
+        for name, m in models.items():
+            for n in (1, callers):
+                rates[name][n].append(rate(m, n))
+    print(f"the server's setting: 1 thread per forward pass, 196 px, {per_caller} captures per caller, median of "
+          f"{rounds} interleaved rounds; load average {psutil.getloadavg()[0]:.1f} after\n")
+    print(f"| runtime | 1 caller: captures/s | {callers} callers at once: captures/s | gain |")
+    print("|---|---|---|---|")
+    for name, by in rates.items():
+        one, many = statistics.median(by[1]), statistics.median(by[callers])
+        kept = "" if name == "pytorch" or models[name].runtime is not None else " (not exact: stayed on PyTorch)"
+        print(f"| {name}{kept} | {one:.1f} | {many:.1f} | {many / one:.2f}× |")
+
+
 def cell(value: float | str, eager: float | str) -> str:
     if isinstance(value, str):
         return value
@@ -130,6 +179,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one row may take in all")
     parser.add_argument("--live", action="store_true",
                         help="instead: the live camera's worker (bench.live, no browser) on each runtime, 1 thread")
+    parser.add_argument("--server", action="store_true",
+                        help="instead: captures per second at the server's one thread per forward pass, 1 and "
+                             "as many callers at once as cores, on each runtime")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -139,6 +191,9 @@ def main() -> None:
     import psutil
     if args.live:
         live()
+        return
+    if args.server:
+        server()
         return
 
     print(f"attnviz runtimes benchmark — {psutil.cpu_count()} CPUs, OMP_WAIT_POLICY="
