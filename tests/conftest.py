@@ -64,6 +64,16 @@ def cat():
     return Image.open(ASSETS / "cat.jpg")
 
 
+@pytest.fixture(scope="module")
+def app_in_chromium():
+    """The real page's server and one headless Chromium, for the tests of one module: (url, browser)."""
+    from serve import chromium, require_chromium, streamlit_server
+
+    require_chromium()
+    with streamlit_server() as (url, _proc), chromium() as browser:
+        yield url, browser
+
+
 @pytest.fixture(scope="session")
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"

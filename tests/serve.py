@@ -1,4 +1,6 @@
-"""Start the real Streamlit server and a real headless Chromium (Debian's), for browser tests and bench/."""
+"""Start the real Streamlit server and a real headless Chromium (Debian's), for browser tests and bench/;
+and the few Playwright steps the browser tests share: open a page at a screen's size, wait for a run to
+end, choose a select box's option or a View, take a screenshot."""
 from __future__ import annotations
 
 import contextlib
@@ -105,10 +107,92 @@ def choose_option(page, box: str, option) -> None:
     for _ in range(3):
         page.locator(box).first.click()
         if not option.count():
-            page.keyboard.press("ArrowDown")  # a click that focused the box without opening its list
+            page.keyboard.press("ArrowDown")  # a click that focused the box without opening its list (docs/qk-map.md)
         try:
             option.wait_for(timeout=5_000)
             break
         except Exception:
             page.keyboard.press("Escape")
     option.click()
+
+
+PHONE_UA = ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) "
+            "Version/17.5 Mobile/15E148 Safari/604.1")
+SCREENS = {  # the screens the page is tested on, as Playwright browser-context options
+    "desktop": {"viewport": {"width": 1400, "height": 1000}},
+    "projector": {"viewport": {"width": 1280, "height": 720}},
+    "phone": {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True,
+              "user_agent": PHONE_UA, "device_scale_factor": 2},
+}
+SHOTS = Path(os.environ["ATTNVIZ_SHOTS"]) if os.environ.get("ATTNVIZ_SHOTS") else None
+
+
+def open_page(browser, screen: str, **options):
+    """A page in a browser context of its own, sized as ``screen`` (a key of ``SCREENS``); ``options`` add
+    to or replace the screen's (``device_scale_factor=1``, ``accept_downloads=True``). Closing the page
+    closes its context."""
+    return browser.new_page(**{**SCREENS[screen], **options})
+
+
+def shot(page, name: str) -> None:
+    """Save a screenshot of the screen as ``name``.png in the folder ``ATTNVIZ_SHOTS`` names, if it names one."""
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=SHOTS / f"{name}.png")
+
+
+def settle(page) -> None:
+    """Wait until the page's script run is over and its pictures are drawn."""
+    page.wait_for_timeout(300)
+    page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=120_000)
+    page.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=60_000)
+    page.wait_for_timeout(700)  # the scroll to a new heatmap polls every 100 ms
+
+
+def pick(page, key: str, label: str, exact: bool = False) -> None:
+    """Choose ``label`` in the select box of widget key ``key``: the option of that name (``exact``) or the
+    first whose text holds it. The page settles before (a run still going would redraw the box and close
+    its list again) and after."""
+    selector = f".st-key-{key} input"
+    settle(page)
+    page.wait_for_function("s => document.querySelectorAll(s).length === 1", arg=selector, timeout=60_000)  # no stale copy
+    options = page.get_by_role("option")
+    choose_option(page, selector, options.filter(has_text=label).first if not exact else
+                  page.get_by_role("option", name=label, exact=True))
+    settle(page)
+
+
+SHOWN = {  # what a view's result shows once it is drawn, besides its picture
+    "query": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",
+    "heads": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",
+    "stats": ".st-key-result [data-testid='stVegaLiteChart']",
+    "relevance": ".st-key-result [data-testid='stAlertContentInfo']",
+}
+NO_PICTURE = ("stats", "relevance")  # views whose result has no picture over 120 px tall
+BIG_PICTURE = """() => [...document.querySelectorAll('.st-key-result img, .st-key-result canvas, .st-key-result svg.marks')]
+  .some(p => p.getBoundingClientRect().height > 120 && p.complete !== false && !p.closest('[data-stale="true"]'))"""
+
+# The page's widths and the largest picture or chart of the view's result (its box: heat).
+MEASURE = """() => {
+  const box = document.querySelector('.st-key-result');
+  const all = box ? [...box.querySelectorAll('img, canvas, svg.marks')].filter(
+    p => p.closest('[data-stale="true"]') === null) : [];  // not what the previous run left
+  const big = all.map(p => p.getBoundingClientRect()).filter(r => r.height > 120).sort((a, b) => b.height - a.height);
+  const main = document.querySelector('[data-testid="stMain"]');
+  return {vw: window.innerWidth, vh: window.innerHeight, page: document.documentElement.scrollWidth,
+          main: main ? main.scrollWidth : 0, heat: big.length ? {top: big[0].top, bottom: big[0].bottom,
+          left: big[0].left, right: big[0].right, height: big[0].height} : null};
+}"""
+
+
+def choose_view(page, label: str, view: str | None = None) -> None:
+    """Choose ``label`` in the View box, wait until the box shows it and the page settles. ``view``, the
+    view's key, also waits for its result to be drawn (``SHOWN``; a picture over 120 px tall that is not
+    the previous run's) before the page settles."""
+    choose_option(page, ".st-key-view input", page.get_by_role("option").filter(has_text=label).first)
+    page.locator(f".st-key-view input[value^='{label[:12]}']").wait_for(timeout=30_000)
+    if view in SHOWN:
+        page.locator(SHOWN[view]).first.wait_for(timeout=120_000)
+    if view is not None and view not in NO_PICTURE:
+        page.wait_for_function(BIG_PICTURE, timeout=120_000)
+    settle(page)

@@ -6,87 +6,18 @@ Phone photos (a rotated 12-megapixel JPEG, an iPhone HEIC) go through the real u
 """
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
-from serve import chromium, require_chromium, streamlit_server
-
 from make_corpus import entries
+from serve import BIG_PICTURE, MEASURE, NO_PICTURE, choose_view, open_page, settle, shot
 
-PHONE_UA = ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) "
-            "Version/17.5 Mobile/15E148 Safari/604.1")
-SHOTS = Path(os.environ.get("ATTNVIZ_SHOTS", "")) if os.environ.get("ATTNVIZ_SHOTS") else None
 VIEWS = {  # view key → its label in English, as the View box shows it
     "cls": "Class token → patches", "query": "Any query token → patches", "matrix": "Full N × N attention matrix",
     "heads": "All layers and heads at a glance", "rollout": "Attention rollout", "mask": "Mass mask (DINO)",
     "stats": "Head statistics: local → global", "relevance": "Class-specific map",
 }
-# The largest picture or chart of the view's result, and the page's widths.
-MEASURE = """() => {
-  const box = document.querySelector('.st-key-result');
-  const all = box ? [...box.querySelectorAll('img, canvas, svg.marks')].filter(
-    p => p.closest('[data-stale="true"]') === null) : [];  // not what the previous run left
-  const big = all.map(p => p.getBoundingClientRect()).filter(r => r.height > 120).sort((a, b) => b.height - a.height);
-  const main = document.querySelector('[data-testid="stMain"]');
-  return {vw: window.innerWidth, vh: window.innerHeight, page: document.documentElement.scrollWidth,
-          main: main ? main.scrollWidth : 0, heat: big.length ? {top: big[0].top, bottom: big[0].bottom,
-          left: big[0].left, right: big[0].right, height: big[0].height} : null};
-}"""
 HEATMAP = ".st-key-result [data-testid='stImage'] img"
 PHOTOS = {e.name: e.data for e in entries() if e.name in ("phone_12mp_rotated.jpg", "iphone_12mp_rotated.heic")}
-
-
-@pytest.fixture(scope="module")
-def server():
-    require_chromium()
-    with streamlit_server() as (url, _proc), chromium() as browser:
-        yield url, browser
-
-
-def shot(page, name: str) -> None:
-    if SHOTS is not None:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=SHOTS / f"{name}.png")
-
-
-def settle(page) -> None:
-    """Wait until the page's run is over and its pictures are drawn."""
-    page.wait_for_timeout(300)
-    page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=120_000)
-    page.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=60_000)
-    page.wait_for_timeout(700)  # the scroll to a new heatmap polls every 100 ms
-
-
-SHOWN = {  # what each view's result shows once it is drawn
-    "query": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",
-    "heads": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",
-    "stats": ".st-key-result [data-testid='stVegaLiteChart']",
-    "relevance": ".st-key-result [data-testid='stAlertContentInfo']",
-}
-BIG_PICTURE = """() => [...document.querySelectorAll('.st-key-result img, .st-key-result canvas, .st-key-result svg.marks')]
-  .some(p => p.getBoundingClientRect().height > 120 && p.complete !== false && !p.closest('[data-stale="true"]'))"""
-
-
-def choose_view(page, key: str, label: str) -> None:
-    box = page.locator(".st-key-view input")
-    option = page.get_by_role("option").filter(has_text=label).first
-    for _ in range(3):  # a tap during a re-run can be lost: open the list again
-        box.click()
-        try:
-            option.wait_for(timeout=5_000)
-            break
-        except Exception:
-            page.keyboard.press("Escape")
-    option.click()
-    page.locator(".st-key-view input").and_(page.locator(f"[value^='{label[:12]}']")).wait_for(timeout=30_000)
-    if key in SHOWN:
-        page.locator(SHOWN[key]).first.wait_for(timeout=120_000)
-    if key not in ("stats", "relevance"):
-        page.wait_for_function(BIG_PICTURE, timeout=120_000)
-    settle(page)
 
 
 def assert_fits(page, where: str, whole_heatmap: bool = True) -> dict:
@@ -107,12 +38,21 @@ def assert_fits(page, where: str, whole_heatmap: bool = True) -> dict:
     return got
 
 
+def every_view_fits(page, where: str, shots: str) -> None:
+    """Choose each view but the class token's in turn: no error, and it fits the screen (``assert_fits``)."""
+    for key, label in VIEWS.items():
+        if key == "cls":
+            continue
+        choose_view(page, label, key)
+        assert page.locator("[data-testid='stException']").count() == 0, key
+        assert_fits(page, f"{where}, {key}", whole_heatmap=key not in NO_PICTURE)
+        shot(page, f"{shots}_{key}_en")
+
+
 @pytest.mark.browser
-def test_phone_upload_views_and_lesson(server):
-    url, browser = server
-    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                                  user_agent=PHONE_UA, device_scale_factor=2)
-    page = context.new_page()
+def test_phone_upload_views_and_lesson(app_in_chromium):
+    url, browser = app_in_chromium
+    page = open_page(browser, "phone")
     page.goto(url)
     page.get_by_text("Upload a photo", exact=True).click(timeout=120_000)
     upload = page.locator("input[type=file]")
@@ -138,13 +78,7 @@ def test_phone_upload_views_and_lesson(server):
     for target in (".st-key-head [role='group']", ".st-key-view [role='group']", ".st-key-source label"):
         assert page.locator(target).first.bounding_box()["height"] >= 40, target
 
-    for key, label in VIEWS.items():
-        if key == "cls":
-            continue
-        choose_view(page, key, label)
-        assert page.locator("[data-testid='stException']").count() == 0, key
-        assert_fits(page, f"phone, {key}", whole_heatmap=key not in ("stats", "relevance"))
-        shot(page, f"phone_{key}_en")
+    every_view_fits(page, "phone", "phone")
 
     # The lesson from the sidebar: the sidebar closes after the link is tapped; no tab overflows
     page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
@@ -163,14 +97,13 @@ def test_phone_upload_views_and_lesson(server):
             "imgs => imgs.map(i => i.getBoundingClientRect()).map(r => [r.left, r.right])")
         assert all(left >= 0 and right <= got["vw"] + 0.5 for left, right in boxes), (i, boxes)
         shot(page, f"phone_lesson{i + 1}_en")
-    context.close()
+    page.close()
 
 
 @pytest.mark.browser
-def test_presenter_view_fits_a_projector(server):
-    url, browser = server
-    context = browser.new_context(viewport={"width": 1280, "height": 720})
-    page = context.new_page()
+def test_presenter_view_fits_a_projector(app_in_chromium):
+    url, browser = app_in_chromium
+    page = open_page(browser, "projector")
     page.goto(url + "/?present=1")
     page.locator(HEATMAP).first.wait_for(timeout=120_000)
     settle(page)
@@ -194,11 +127,5 @@ def test_presenter_view_fits_a_projector(server):
     page.locator("body").press("ArrowDown")
     page.locator("h3").filter(has_text="Layer 11, max over heads").wait_for(timeout=30_000)
 
-    for key, label in VIEWS.items():
-        if key == "cls":
-            continue
-        choose_view(page, key, label)
-        assert page.locator("[data-testid='stException']").count() == 0, key
-        assert_fits(page, f"presenter, {key}", whole_heatmap=key not in ("stats", "relevance"))
-        shot(page, f"present_{key}_en")
-    context.close()
+    every_view_fits(page, "presenter", "present")
+    page.close()

@@ -8,9 +8,7 @@ whole faithfulness panel runs (about a minute on the shared 2-core machine) and,
 """
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,52 +16,20 @@ import pytest
 import attnviz
 from attnviz import ablation, faithfulness as fa
 from conftest import ASSETS
-from serve import chromium, require_chromium, streamlit_server
-from test_classroom_browser import PHONE_UA, settle
+from serve import SCREENS, choose_view, open_page, pick, settle, shot
 
-SHOTS = Path(os.environ["ATTNVIZ_SHOTS"]) if os.environ.get("ATTNVIZ_SHOTS") else None
 LABELS = {"faithfulness": "Does attention explain? All maps tested", "ablation": "Switch heads off (causal test)",
           "neuron": "One weight, from q and k (neuron view)"}
-SIZES = {"desktop": dict(viewport={"width": 1400, "height": 1000}),
-         "projector": dict(viewport={"width": 1280, "height": 720}),
-         "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, user_agent=PHONE_UA,
-                       device_scale_factor=2)}
-
-
-@pytest.fixture(scope="module")
-def server():
-    require_chromium()
-    with streamlit_server() as (url, _proc), chromium() as browser:
-        yield url, browser
-
-
 @pytest.fixture(scope="module")
 def cat_capture(real_model):
     return attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
-
-
-def shot(page, name: str) -> None:
-    if SHOTS is not None:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=SHOTS / f"{name}.png")
 
 
 def open_view(page, url: str, key: str) -> None:
     page.goto(url)
     page.locator("[data-testid='stImage'] img").first.wait_for(timeout=180_000)  # the first heatmap: model ready
     settle(page)
-    box = page.locator(".st-key-view input")
-    option = page.get_by_role("option").filter(has_text=LABELS[key]).first
-    for _ in range(3):
-        box.click()
-        try:
-            option.wait_for(timeout=5_000)
-            break
-        except Exception:
-            page.keyboard.press("Escape")
-    option.click()
-    page.locator(f".st-key-view input[value^='{LABELS[key][:12]}']").wait_for(timeout=30_000)
-    settle(page)
+    choose_view(page, LABELS[key])
 
 
 def click_in(page, selector: str, fx: float, fy: float) -> None:
@@ -75,9 +41,9 @@ def click_in(page, selector: str, fx: float, fy: float) -> None:
 
 
 @pytest.mark.browser
-def test_click_a_head_off_and_pick_a_query_patch(server, real_model, cat_capture):
-    url, browser = server
-    page = browser.new_context(**SIZES["desktop"]).new_page()
+def test_click_a_head_off_and_pick_a_query_patch(app_in_chromium, real_model, cat_capture):
+    url, browser = app_in_chromium
+    page = open_page(browser, "desktop")
     open_view(page, url, "ablation")
     page.locator(".st-key-ablation_run button").click()
     page.get_by_text("rank correlation (Spearman)").wait_for(timeout=180_000)
@@ -118,9 +84,9 @@ def test_click_a_head_off_and_pick_a_query_patch(server, real_model, cat_capture
 
 
 @pytest.mark.browser
-def test_faithfulness_shows_progress_and_cancels(server):
-    url, browser = server
-    page = browser.new_context(**SIZES["projector"]).new_page()
+def test_faithfulness_shows_progress_and_cancels(app_in_chromium):
+    url, browser = app_in_chromium
+    page = open_page(browser, "projector")
     open_view(page, url, "faithfulness")
     page.locator(".st-key-faith_fill").get_by_text("blur fill").click()  # a setting no other test measures
     settle(page)
@@ -133,11 +99,11 @@ def test_faithfulness_shows_progress_and_cancels(server):
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_faithfulness_panel_at_three_sizes(server, real_model, cat_capture):
-    url, browser = server
+def test_faithfulness_panel_at_three_sizes(app_in_chromium, real_model, cat_capture):
+    url, browser = app_in_chromium
     result = fa.faithfulness(real_model, cat_capture, fill="token")
-    for name, size in SIZES.items():
-        page = browser.new_context(**size).new_page()
+    for name, size in SCREENS.items():
+        page = open_page(browser, name)
         open_view(page, url, "faithfulness")
         page.locator(".st-key-faith_run button").click()  # the first size runs it; the others read the shared result
         page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=300_000)
@@ -152,8 +118,7 @@ def test_faithfulness_panel_at_three_sizes(server, real_model, cat_capture):
         page.locator("[data-testid='stDataFrame']").first.scroll_into_view_if_needed()
         shot(page, f"faithfulness_{name}_en_table")
         if name == "desktop":  # the same result, read in Chinese
-            page.locator(".st-key-lang input").click()
-            page.get_by_role("option", name="繁體中文").click()
+            pick(page, "lang", "繁體中文", exact=True)
             page.get_by_text("在這張照片上").first.wait_for(timeout=120_000)
             settle(page)
             assert page.locator("[data-testid='stAlertContentInfo']").first.inner_text() == fa.sentence(result, "zh-TW")
@@ -161,7 +126,7 @@ def test_faithfulness_panel_at_three_sizes(server, real_model, cat_capture):
             shot(page, "faithfulness_desktop_zh_chart")
         page.close()
     # The lesson's last step shows the same measurement of this photo (one shared job: no second run).
-    page = browser.new_context(**SIZES["desktop"]).new_page()
+    page = open_page(browser, "desktop")
     open_view(page, url, "faithfulness")
     page.get_by_role("link", name="Lesson: how attention works").click()
     page.get_by_role("tab").first.wait_for(timeout=120_000)
@@ -173,7 +138,7 @@ def test_faithfulness_panel_at_three_sizes(server, real_model, cat_capture):
     shot(page, "lesson_step7_desktop_en")
     page.close()
     for key in ("ablation", "neuron"):  # the phone: the grid (measured by the test above) and the neuron view
-        page = browser.new_context(**SIZES["phone"]).new_page()
+        page = open_page(browser, "phone")
         open_view(page, url, key)
         if key == "ablation":
             if page.locator(".st-key-ablation_run button").count():  # not measured on this server yet

@@ -12,38 +12,11 @@ from PIL import Image
 
 import attnviz
 from conftest import ASSETS
-from serve import chromium, require_chromium, streamlit_server
-from test_classroom_browser import MEASURE, PHONE_UA, SHOTS, choose_view, settle
+from serve import MEASURE, choose_view, open_page, pick, settle, shot
 
 LABEL = "Q/K map (every query and key)"
 CHART = ".st-key-result [data-testid='stVegaLiteChart']"
 TOOLTIP = "#vg-tooltip-element"
-
-
-@pytest.fixture(scope="module")
-def server():
-    require_chromium()
-    with streamlit_server() as (url, _proc), chromium() as browser:
-        yield url, browser
-
-
-def shot(page, name: str) -> None:
-    if SHOTS is not None:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=SHOTS / f"{name}.png")
-
-
-def pick(page, box: str, option: str) -> None:
-    selector = f".st-key-{box} input"
-    settle(page)  # a script run still going would redraw the box and close its list again
-    page.wait_for_function("s => document.querySelectorAll(s).length === 1", arg=selector, timeout=60_000)  # no stale copy
-    page.locator(selector).click()
-    # On this view a click on the box does not always open its list in headless Chromium (not understood
-    # yet; noted in docs/qk-map.md): the keyboard opens it.
-    if page.get_by_role("option").count() == 0:
-        page.keyboard.press("ArrowDown")
-    page.get_by_role("option", name=option, exact=True).click()
-    settle(page)
 
 
 def expected_numbers(real_model, layer: int, head: int) -> tuple[float, float, float]:
@@ -102,17 +75,16 @@ def hover_a_point(page, chart, want_kind: str = "query"):
 
 
 @pytest.mark.browser
-def test_desktop_map_sentence_hover_click_and_atlas(server, real_model):
-    url, browser = server
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
+def test_desktop_map_sentence_hover_click_and_atlas(app_in_chromium, real_model):
+    url, browser = app_in_chromium
+    page = open_page(browser, "desktop")
     page.goto(url)
     page.locator(".st-key-view input").wait_for(timeout=180_000)
     settle(page)
-    choose_view(page, "qkmap", LABEL)
+    choose_view(page, LABEL, "qkmap")
     page.locator(CHART).first.wait_for(timeout=120_000)
-    pick(page, "head", "head 3")
-    pick(page, "qk_normalize", "Leave them as they are")
+    pick(page, "head", "head 3", exact=True)
+    pick(page, "qk_normalize", "Leave them as they are", exact=True)
     page.get_by_text("Layer 12, head 3: every query and key as a point").wait_for(timeout=60_000)
     rho, row_r, col_r = expected_numbers(real_model, 11, 2)
     text = page.locator(".st-key-result").inner_text()
@@ -144,11 +116,11 @@ def test_desktop_map_sentence_hover_click_and_atlas(server, real_model):
     page.mouse.down()
     page.mouse.up()
     settle(page)
-    choose_view(page, "query", "Any query token → patches")
+    choose_view(page, "Any query token → patches", "query")
     page.get_by_text(f"patch (row {row}, column {col})").first.wait_for(timeout=60_000)
 
     # The atlas: a click on the tile of layer 3, head 4 chooses that layer and head.
-    choose_view(page, "qkmap", LABEL)
+    choose_view(page, LABEL, "qkmap")
     atlas = page.locator(CHART).nth(1)
     atlas.scroll_into_view_if_needed()
     settle(page)
@@ -168,25 +140,18 @@ def test_desktop_map_sentence_hover_click_and_atlas(server, real_model):
     settle(page)
     page.get_by_text("Layer 3, head 4: every query and key as a point").wait_for(timeout=60_000)
     assert box["width"] > 0
-    context.close()
+    page.close()
 
 
 @pytest.mark.browser
 @pytest.mark.parametrize("where", ["phone", "projector"])
-def test_map_fits_phone_and_projector(server, where):
-    url, browser = server
-    if where == "phone":
-        context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                                      user_agent=PHONE_UA, device_scale_factor=2)
-        path = "/"
-    else:
-        context = browser.new_context(viewport={"width": 1280, "height": 720})
-        path = "/?present=1"
-    page = context.new_page()
-    page.goto(url + path)
+def test_map_fits_phone_and_projector(app_in_chromium, where):
+    url, browser = app_in_chromium
+    page = open_page(browser, where)
+    page.goto(url + ("/" if where == "phone" else "/?present=1"))
     page.locator(".st-key-view input").wait_for(timeout=180_000)
     settle(page)
-    choose_view(page, "qkmap", LABEL)
+    choose_view(page, LABEL, "qkmap")
     page.locator(CHART).first.wait_for(timeout=120_000)
     settle(page)
     got = page.evaluate(MEASURE)
@@ -197,4 +162,4 @@ def test_map_fits_phone_and_projector(server, where):
     assert page.locator("[data-testid='stException']").count() == 0
     page.locator(".st-key-result h3").first.evaluate("e => e.scrollIntoView()")
     shot(page, f"qkmap_{where}")
-    context.close()
+    page.close()

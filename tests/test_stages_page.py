@@ -107,29 +107,19 @@ def test_the_page_numbers_are_the_library_numbers(owner):
     assert f"**{m[3, 5]:.4f}**" in line and f"**{np.max(m):.4f}**" in line
 
 
-SIZES = {"desktop": (1400, 1000, False), "projector": (1280, 720, False), "phone": (390, 844, True)}
-
-
-def pick(page, key: str, label: str) -> None:
-    """Open selectbox ``key`` and choose the option that starts with ``label``."""
-    from serve import choose_option
-
-    choose_option(page, f".st-key-{key} input", page.get_by_role("option").filter(has_text=label).first)
-
-
 @pytest.mark.browser
 def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
     """Owner's folder → model box → Stage/Block → query click: the heading follows the clicked patch."""
     from conftest import ROOT
-    from serve import chromium, require_chromium, streamlit_server
+    from serve import SCREENS, chromium, open_page, pick, require_chromium, streamlit_server
 
     require_chromium()
     shots = ROOT / "screenshots"
     shots.mkdir(exist_ok=True)
     with streamlit_server(env={serving.ENV_CHECKPOINTS: str(swin_folder)}) as (url, _), chromium() as browser:
-        for name, (width, height, touch) in SIZES.items():
-            page = browser.new_page(viewport={"width": width, "height": height}, has_touch=touch,
-                                    is_mobile=touch, device_scale_factor=1)
+        for name in SCREENS:
+            touch = name == "phone"
+            page = open_page(browser, name, device_scale_factor=1)
             page.goto(url)
             page.locator(".st-key-model_choice input").wait_for(timeout=180_000)
             if touch:  # the phone starts with the sidebar closed

@@ -11,12 +11,10 @@ import pytest
 av = pytest.importorskip("av")
 
 from conftest import ROOT
-from serve import chromium, require_chromium, streamlit_server
+from serve import SCREENS, chromium, open_page, pick, require_chromium, streamlit_server
 from video_fixtures import write_clip
 
 SHOTS = ROOT / "screenshots"
-SIZES = {"desktop": ({"width": 1400, "height": 1000}, False), "projector": ({"width": 1280, "height": 720}, False),
-         "phone": ({"width": 390, "height": 844}, True)}
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +47,11 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
     }[lang]
     SHOTS.mkdir(exist_ok=True)
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page = open_page(browser, "desktop", accept_downloads=True)
         page.goto(server)
         if lang == "zh-TW":  # once the page has drawn (its first run loads the model), switch the language
             page.locator("[data-testid='stRadio']").filter(has_text="Live camera").wait_for(timeout=180_000)
-            page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()
-            page.get_by_role("option", name="繁體中文").click()
+            pick(page, "lang", "繁體中文", exact=True)
         pick_source(page, words["source"])
         page.locator("input[type=file]").set_input_files(str(clip))
         page.locator("[data-testid='stVideo']").wait_for(timeout=300_000)  # processed through the job queue
@@ -82,11 +79,11 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         if lang == "zh-TW":
             page.screenshot(path=SHOTS / "video_zh-TW_desktop.png")
         if lang == "en":
-            for name, (viewport, touch) in SIZES.items():
-                page.set_viewport_size(viewport)
+            for name, screen in SCREENS.items():
+                page.set_viewport_size(screen["viewport"])
                 page.wait_for_timeout(500)
                 page.screenshot(path=SHOTS / f"video_{name}.png", full_page=False)
-            page.set_viewport_size(SIZES["desktop"][0])
+            page.set_viewport_size(SCREENS["desktop"]["viewport"])
         # freeze: the ordinary views now show input frame 7 (upright: 240 wide, 320 tall)
         page.get_by_role("button", name=words["freeze"]).click()
         page.get_by_text(words["frozen"], exact=False).wait_for(timeout=120_000)

@@ -202,7 +202,7 @@ def test_choosing_a_cell_sets_layer_and_head(head, expected):
 def test_clicking_a_patch_and_a_cell_in_a_real_browser():
     import time
 
-    from serve import chromium, require_chromium, streamlit_server
+    from serve import choose_view, chromium, require_chromium, streamlit_server
 
     require_chromium()
     port = int(os.environ.get("ATTNVIZ_TEST_PORT", "0")) or None
@@ -211,17 +211,13 @@ def test_clicking_a_patch_and_a_cell_in_a_real_browser():
         page.goto(url)
         page.wait_for_selector("text=What was computed", timeout=120_000)
 
-        def choose_view(label: str) -> None:
-            page.locator("[data-testid='stSelectbox']").filter(has_text="View").click()
-            page.get_by_role("option", name=label).click()
-
-        choose_view("Any query token → patches")
+        choose_view(page, "Any query token → patches")
         page.get_by_text("where does class token [CLS] look?").wait_for(timeout=60_000)
         box = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
         page.mouse.click(box["x"] + box["width"] * 10.5 / 14, box["y"] + box["height"] * 3.5 / 14)
         page.get_by_text("where does patch (row 4, column 11) look?").wait_for(timeout=60_000)
 
-        choose_view("All layers and heads at a glance")
+        choose_view(page, "All layers and heads at a glance")
         page.get_by_text("All 12 layers × 6 heads at a glance").wait_for(timeout=60_000)
         time.sleep(2)  # let Vega lay the grid out
         chart = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
