@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 import attnviz
+from attnviz import i18n
 from conftest import ASSETS
 from serve import chromium, require_chromium, streamlit_server
 from test_classroom_browser import MEASURE, PHONE_UA, SHOTS, choose_view, settle
@@ -172,8 +173,9 @@ def test_desktop_map_sentence_hover_click_and_atlas(server, real_model):
 
 
 @pytest.mark.browser
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
 @pytest.mark.parametrize("where", ["phone", "projector"])
-def test_map_fits_phone_and_projector(server, where):
+def test_map_fits_phone_and_projector(server, where, lang, real_model):
     url, browser = server
     if where == "phone":
         context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
@@ -181,13 +183,28 @@ def test_map_fits_phone_and_projector(server, where):
         path = "/"
     else:
         context = browser.new_context(viewport={"width": 1280, "height": 720})
-        path = "/?present=1"
+        path = "/?present=1" if lang == "en" else "/"  # the presenter view hides the sidebar's language box
     page = context.new_page()
     page.goto(url + path)
     page.locator(".st-key-view input").wait_for(timeout=180_000)
     settle(page)
     choose_view(page, "qkmap", LABEL)
     page.locator(CHART).first.wait_for(timeout=120_000)
+    if lang == "zh-TW":
+        if where == "phone":  # the sidebar is folded away on a phone
+            page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
+        pick(page, "lang", "繁體中文")
+        if where == "phone":
+            page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()
+        else:  # then on to the presenter view, as a teacher would
+            page.locator(".st-key-present label").first.click()
+            settle(page)
+            page.wait_for_function("() => new URL(location.href).searchParams.get('present') === '1'", timeout=30_000)
+    pick(page, "qk_normalize", i18n.text(lang, "qkmap.normalize_none"))
+    page.get_by_text(i18n.text(lang, "qkmap.title", layer=12, head=1)).wait_for(timeout=60_000)
+    rho, _, _ = expected_numbers(real_model, 11, 0)
+    text = page.locator(".st-key-result").inner_text()
+    assert f"{rho:+.2f}" in text, text  # the measured sentence, in this language
     settle(page)
     got = page.evaluate(MEASURE)
     assert got["page"] == got["vw"] and got["main"] <= got["vw"], (where, got)
@@ -196,5 +213,5 @@ def test_map_fits_phone_and_projector(server, where):
         assert box["x"] >= 0 and box["x"] + box["width"] <= got["vw"] + 0.5, (where, box)
     assert page.locator("[data-testid='stException']").count() == 0
     page.locator(".st-key-result h3").first.evaluate("e => e.scrollIntoView()")
-    shot(page, f"qkmap_{where}")
+    shot(page, f"qkmap_{where}_{lang}")
     context.close()
