@@ -1,6 +1,7 @@
 """The Q/K map view in a real browser: the measured sentence against an independent recomputation, hover
 outlines the patch on the photo, a click on a query makes it the Query view's query, a click on the atlas
-picks the head; it fits a phone (390 × 844, touch) and a projector (1280 × 720)."""
+picks the head; and at desktop, phone (390 × 844, touch) and projector (1280 × 720) sizes, in English and
+繁體中文, the sentence recomputed by hand and every chart inside the screen."""
 from __future__ import annotations
 
 import io
@@ -174,10 +175,13 @@ def test_desktop_map_sentence_hover_click_and_atlas(server, real_model):
 
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
-@pytest.mark.parametrize("where", ["phone", "projector"])
-def test_map_fits_phone_and_projector(server, where, lang, real_model):
+@pytest.mark.parametrize("where", ["desktop", "phone", "projector"])
+def test_map_at_each_size_in_both_languages(server, where, lang, real_model):
     url, browser = server
-    if where == "phone":
+    if where == "desktop":
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        path = "/"
+    elif where == "phone":
         context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
                                       user_agent=PHONE_UA, device_scale_factor=2)
         path = "/"
@@ -196,7 +200,7 @@ def test_map_fits_phone_and_projector(server, where, lang, real_model):
         pick(page, "lang", "繁體中文")
         if where == "phone":
             page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()
-        else:  # then on to the presenter view, as a teacher would
+        elif where == "projector":  # then on to the presenter view, as a teacher would
             page.locator(".st-key-present label").first.click()
             settle(page)
             page.wait_for_function("() => new URL(location.href).searchParams.get('present') === '1'", timeout=30_000)
