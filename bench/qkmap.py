@@ -67,7 +67,8 @@ def library(repeats: int) -> list[tuple[str, float, str]]:
         qkmap.qk_map(cap, layer, head, method="umap")
         rows.append(("UMAP map of one head (umap-learn): first call in a process (import, numba compiling)",
                      1000 * (time.perf_counter() - start), ""))
-        rows.append(("… every call after it", median_ms(lambda: qkmap.qk_map(cap, layer, head, method="umap"), 5, 0), ""))
+        rows.append(("… every call after it",
+                     median_ms(lambda: qkmap.qk_map(cap, layer, head, method="umap"), 5, warmup=0), ""))
     return rows
 
 

@@ -20,6 +20,7 @@ from test_classroom_browser import MEASURE, PHONE_UA, SHOTS, choose_view, settle
 LABEL = "Q/K map (every query and key)"
 CHART = ".st-key-result [data-testid='stVegaLiteChart']"
 TOOLTIP = "#vg-tooltip-element"
+EXPAND_SIDEBAR = "[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button"
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +197,7 @@ def test_map_at_each_size_in_both_languages(server, where, lang, real_model):
     page.locator(CHART).first.wait_for(timeout=120_000)
     if lang == "zh-TW":
         if where == "phone":  # the sidebar is folded away on a phone
-            page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
+            page.locator(EXPAND_SIDEBAR).first.click()
         pick(page, "lang", "繁體中文")
         if where == "phone":
             page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()

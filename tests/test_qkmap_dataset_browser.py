@@ -13,7 +13,7 @@ from attnviz.dataset import RunConfig, run_local
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
 from serve import chromium, require_chromium, streamlit_server
 from test_classroom_browser import PHONE_UA, SHOTS, settle
-from test_qkmap_browser import pick
+from test_qkmap_browser import EXPAND_SIDEBAR, pick
 from test_qkmap_dataset_page import by_hand
 
 SIZES = {
@@ -48,7 +48,7 @@ def expected_matches(root: Path, lang: str, photo: int, row: int, col: int, coun
 
 def to_chinese(page, where: str) -> None:
     if where == "phone":  # the sidebar is folded away on a phone
-        page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
+        page.locator(EXPAND_SIDEBAR).first.click()
     pick(page, "lang", "繁體中文")
     if where == "phone":
         page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()
@@ -99,7 +99,8 @@ def test_dataset_qk_map_and_patch_search(server, where, lang):
     assert canvas.count() == 1
     painted = canvas.evaluate("""c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let coloured = 0;  // saturated pixels: the viridis-coloured points, not the grey axes
-        for (let i = 0; i < d.length; i += 4) if (Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 60) coloured++;
+        for (let i = 0; i < d.length; i += 4)
+          if (Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 60) coloured++;
         return coloured; }""")
     assert painted > 500, painted  # 136 points drawn
     assert page.locator("[data-testid='stException']").count() == 0
