@@ -67,11 +67,14 @@ def test_cli_reads_a_runs_stored_captures(tmp_path, real_model):
     assert np.abs(fresh.query.numpy() - caps[0].query.numpy()).max() == pytest.approx(0.0, abs=1e-6)
 
 
-def test_cli_says_how_to_get_tsne(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(attnviz.qkmap, "available", lambda method: method == "pca")
-    assert main(["qk", str(ASSETS / "cat.jpg"), "--layer", "1", "--head", "1", "--method", "tsne",
+@pytest.mark.parametrize("method, package", [("tsne", "scikit-learn"), ("umap", "umap-learn")])
+def test_cli_says_how_to_get_a_missing_projection(tmp_path, capsys, monkeypatch, method, package):
+    monkeypatch.setattr(attnviz.qkmap, "available", lambda method: method == "pca")  # as where it is not installed
+    assert main(["qk", str(ASSETS / "cat.jpg"), "--layer", "1", "--head", "1", "--method", method,
                  "--json", str(tmp_path / "x.json")]) == 2
-    assert "pip install 'attnviz[qk]'" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and f"the {package} package: pip install 'attnviz[qk]'" in err
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_cli_umap_is_every_point_and_seeded(tmp_path, real_model, capsys):
