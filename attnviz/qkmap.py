@@ -10,7 +10,7 @@ Data flows one way::
 
     captures → (P, d_k) points: each photo's N queries, then its N keys     (P = photos · 2N)
              → normalised (AttentionViz's translation and scaling, or none)
-             → (P, 2) coordinates: PCA (exact, numpy SVD), UMAP or t-SNE (optional packages)
+             → (P, 2) coordinates: PCA (exact, eigh of the scatter), UMAP or t-SNE (optional packages)
              → QKMap, with its statistics (how well 2-D distance follows q · k, how well position explains it)
 
 Layers and heads are 0-based here, as in :class:`attnviz.Capture`; the page and the CLI count from 1.
@@ -206,7 +206,10 @@ def project(points: np.ndarray, method: str = "pca", seed: int = 0) -> np.ndarra
     if method == "umap":
         import umap
 
-        return np.asarray(umap.UMAP(n_components=2, random_state=seed).fit_transform(points), dtype=np.float64)
+        # A seed makes umap-learn run on one thread (it warns unless asked for one): the same picture on every rerun.
+        neighbours = int(min(15, len(points) - 1))  # umap-learn's default, or every other point of a tiny map
+        return np.asarray(umap.UMAP(n_components=2, n_neighbors=neighbours, random_state=seed, n_jobs=1)
+                          .fit_transform(points), dtype=np.float64)
     from sklearn.manifold import TSNE
 
     perplexity = float(min(30.0, max(5.0, (len(points) - 1) / 3)))

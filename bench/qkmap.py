@@ -7,6 +7,7 @@ part serves ``bench/qk_page.py`` with the real Streamlit server and draws the Da
 (:func:`attnviz_app.dataset_qk.chart`) of 200 photos: ``--distinct`` (default 20) real captures of the
 four sample photos under random crops, cycled (capturing 200 would take minutes on a busy machine and
 costs the browser nothing more). ``--no-browser`` leaves it out, ``--photos`` sets how many it draws.
+``QK_BENCH_TSNE=1`` and ``QK_BENCH_UMAP=1`` also time t-SNE and UMAP (UMAP's first call separately: it compiles).
 """
 from __future__ import annotations
 
@@ -61,6 +62,13 @@ def library(repeats: int) -> list[tuple[str, float, str]]:
     if os.environ.get("QK_BENCH_TSNE"):  # ~15–45 s on a busy 2-core machine
         rows.append(("t-SNE map of one head (scikit-learn)",
                      median_ms(lambda: qkmap.qk_map(cap, layer, head, method="tsne"), 3, warmup=1), ""))
+    if os.environ.get("QK_BENCH_UMAP"):  # the first call compiles umap-learn's numba code (tens of seconds)
+        start = time.perf_counter()
+        qkmap.qk_map(cap, layer, head, method="umap")
+        rows.append(("UMAP map of one head (umap-learn): first call in a process (import, numba compiling)",
+                     1000 * (time.perf_counter() - start), ""))
+        rows.append(("… every call after it",
+                     median_ms(lambda: qkmap.qk_map(cap, layer, head, method="umap"), 5, warmup=0), ""))
     return rows
 
 

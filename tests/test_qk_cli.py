@@ -67,8 +67,29 @@ def test_cli_reads_a_runs_stored_captures(tmp_path, real_model):
     assert np.abs(fresh.query.numpy() - caps[0].query.numpy()).max() == pytest.approx(0.0, abs=1e-6)
 
 
-def test_cli_says_how_to_get_tsne(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(attnviz.qkmap, "available", lambda method: method == "pca")
-    assert main(["qk", str(ASSETS / "cat.jpg"), "--layer", "1", "--head", "1", "--method", "tsne",
+@pytest.mark.parametrize("method, package", [("tsne", "scikit-learn"), ("umap", "umap-learn")])
+def test_cli_says_how_to_get_a_missing_projection(tmp_path, capsys, monkeypatch, method, package):
+    monkeypatch.setattr(attnviz.qkmap, "available", lambda method: method == "pca")  # as where it is not installed
+    assert main(["qk", str(ASSETS / "cat.jpg"), "--layer", "1", "--head", "1", "--method", method,
                  "--json", str(tmp_path / "x.json")]) == 2
-    assert "pip install 'attnviz[qk]'" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and f"the {package} package: pip install 'attnviz[qk]'" in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_umap_is_every_point_and_seeded(tmp_path, real_model, capsys):
+    pytest.importorskip("umap", reason="UMAP needs umap-learn (pip install 'attnviz[qk]')")
+    photo = ASSETS / "cat.jpg"
+    out = tmp_path / "umap.json"
+    assert main(["qk", str(photo), "--layer", "6", "--head", "1", "--method", "umap", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    n = 197  # the offline ViT-S/14 at 196 px: 1 + 14 × 14 tokens
+    assert doc["method"] == "umap" and len(doc["points"]) == 2 * n
+    assert sorted((p["kind"], p["token"]) for p in doc["points"]) == sorted(
+        [("query", i) for i in range(n)] + [("key", i) for i in range(n)])  # every query and key, once
+    xy = np.array([[p["x"], p["y"]] for p in doc["points"]])
+    assert np.isfinite(xy).all() and xy.std(0).min() > 0.1  # spread out in both axes, not collapsed
+    # Seeded: the library, run again on a fresh capture of the same photo, gives exactly these coordinates.
+    cap = attnviz.capture(real_model, attnviz.load_photo(photo, real_model).image)
+    assert np.array_equal(attnviz.qkmap.qk_map(cap, 5, 0, method="umap").xy, xy)
+    assert "umap" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """The Q/K map view in a real browser: the measured sentence against an independent recomputation, hover
 outlines the patch on the photo, a click on a query makes it the Query view's query, a click on the atlas
-picks the head; it fits a phone (390 × 844, touch) and a projector (1280 × 720)."""
+picks the head; and at desktop, phone (390 × 844, touch) and projector (1280 × 720) sizes, in English and
+繁體中文, the sentence recomputed by hand and every chart inside the screen."""
 from __future__ import annotations
 
 import io
@@ -11,12 +12,14 @@ import pytest
 from PIL import Image
 
 import attnviz
+from attnviz import i18n
 from conftest import ASSETS
 from serve import MEASURE, choose_view, open_page, pick, settle, shot
 
 LABEL = "Q/K map (every query and key)"
 CHART = ".st-key-result [data-testid='stVegaLiteChart']"
 TOOLTIP = "#vg-tooltip-element"
+EXPAND_SIDEBAR = "[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button"
 
 
 def expected_numbers(real_model, layer: int, head: int) -> tuple[float, float, float]:
@@ -144,15 +147,32 @@ def test_desktop_map_sentence_hover_click_and_atlas(app_in_chromium, real_model)
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("where", ["phone", "projector"])
-def test_map_fits_phone_and_projector(app_in_chromium, where):
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+@pytest.mark.parametrize("where", ["desktop", "phone", "projector"])
+def test_map_at_each_size_in_both_languages(app_in_chromium, where, lang, real_model):
     url, browser = app_in_chromium
     page = open_page(browser, where)
-    page.goto(url + ("/" if where == "phone" else "/?present=1"))
+    path = "/?present=1" if where == "projector" and lang == "en" else "/"  # the presenter view hides the language box
+    page.goto(url + path)
     page.locator(".st-key-view input").wait_for(timeout=180_000)
     settle(page)
     choose_view(page, LABEL, "qkmap")
     page.locator(CHART).first.wait_for(timeout=120_000)
+    if lang == "zh-TW":
+        if where == "phone":  # the sidebar is folded away on a phone
+            page.locator(EXPAND_SIDEBAR).first.click()
+        pick(page, "lang", "繁體中文")
+        if where == "phone":
+            page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()
+        elif where == "projector":  # then on to the presenter view, as a teacher would
+            page.locator(".st-key-present label").first.click()
+            settle(page)
+            page.wait_for_function("() => new URL(location.href).searchParams.get('present') === '1'", timeout=30_000)
+    pick(page, "qk_normalize", i18n.text(lang, "qkmap.normalize_none"))
+    page.get_by_text(i18n.text(lang, "qkmap.title", layer=12, head=1)).wait_for(timeout=60_000)
+    rho, _, _ = expected_numbers(real_model, 11, 0)
+    text = page.locator(".st-key-result").inner_text()
+    assert f"{rho:+.2f}" in text, text  # the measured sentence, in this language
     settle(page)
     got = page.evaluate(MEASURE)
     assert got["page"] == got["vw"] and got["main"] <= got["vw"], (where, got)
@@ -161,5 +181,5 @@ def test_map_fits_phone_and_projector(app_in_chromium, where):
         assert box["x"] >= 0 and box["x"] + box["width"] <= got["vw"] + 0.5, (where, box)
     assert page.locator("[data-testid='stException']").count() == 0
     page.locator(".st-key-result h3").first.evaluate("e => e.scrollIntoView()")
-    shot(page, f"qkmap_{where}")
+    shot(page, f"qkmap_{where}_{lang}")
     page.close()

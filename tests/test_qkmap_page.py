@@ -41,3 +41,45 @@ def test_sentence_and_query_handover(lang, real_model):
     at.run()
     assert not at.exception
     assert any(patch in h.value for h in at.subheader), [h.value for h in at.subheader]
+
+
+def _qk_page(lang: str, method: str) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["lang"] = lang
+    at.session_state["view"] = "qkmap"
+    at.session_state["layer"] = 12
+    at.session_state["head"] = 3
+    at.session_state["qk_normalize"] = "none"
+    at.session_state["qk_method"] = method
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_umap_on_the_page_when_installed(real_model):
+    pytest.importorskip("umap", reason="UMAP needs umap-learn (pip install 'attnviz[qk]')")
+    import attnviz
+    from attnviz import qkmap
+    from conftest import ASSETS
+
+    at = _qk_page("en", "umap")
+    box = at.selectbox(key="qk_method")
+    assert i18n.text("en", "qkmap.method_umap") in box.options and box.value == "umap"
+    assert not at.warning  # no "needs the package" note
+    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+    umap_rho = qkmap.statistics(qkmap.qk_map(cap, 11, 2, method="umap", normalize="none")).distance_rho
+    pca_rho = qkmap.statistics(qkmap.qk_map(cap, 11, 2, normalize="none")).distance_rho
+    assert f"{umap_rho:+.2f}" != f"{pca_rho:+.2f}"  # else the sentence below could not tell them apart
+    assert f"{umap_rho:+.2f}" in "\n".join(m.value for m in at.markdown)  # the sentence is the UMAP map's
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_missing_umap_says_how_to_get_it(lang, monkeypatch, real_model):
+    from attnviz import qkmap
+
+    monkeypatch.setattr(qkmap, "available", lambda method: method == "pca")  # as on a machine without umap-learn
+    at = _qk_page(lang, "umap")
+    assert [w.value for w in at.warning] == [i18n.text(lang, "qkmap.missing_umap")]
+    assert "pip install 'attnviz[qk]'" in at.warning[0].value
+    rho, _, _ = expected_numbers(real_model, 11, 2)  # and it shows the PCA map instead
+    assert f"{rho:+.2f}" in "\n".join(m.value for m in at.markdown)

@@ -1,0 +1,111 @@
+"""The Dataset page's Q/K map and patch search in a real browser, at desktop, projector (1280 × 720) and phone
+(390 × 844, touch) sizes, in English and 繁體中文: the measured sentence and the patch search's matches
+against a recomputation by hand, the map drawn inside the screen, and no page wider than the screen."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import attnviz
+from attnviz import i18n
+from attnviz.dataset import RunConfig, run_local
+from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
+from serve import chromium, require_chromium, streamlit_server
+from test_classroom_browser import PHONE_UA, SHOTS, settle
+from test_qkmap_browser import EXPAND_SIDEBAR, pick
+from test_qkmap_dataset_page import by_hand
+
+SIZES = {
+    "desktop": dict(viewport={"width": 1400, "height": 1000}),
+    "projector": dict(viewport={"width": 1280, "height": 720}),
+    "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, user_agent=PHONE_UA,
+                  device_scale_factor=2),
+}
+SECTION = "[data-testid='stVerticalBlock']:has(> div .st-key-dataset_qk_colour)"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    require_chromium()
+    root = tmp_path_factory.mktemp("qkbrowser")
+    run_local(photo_folder(root / "in"), root / "kept", RunConfig(size=SMALL, store="qk"), progress=False)
+    with streamlit_server(env={"ATTNVIZ_DATASETS": str(root)}) as (url, _proc), chromium() as browser:
+        yield url, browser, root
+
+
+def expected_matches(root: Path, lang: str, photo: int, row: int, col: int, count: int = 3) -> list[str]:
+    """The patch search's first captions, by hand: photo ``photo``'s query of patch (row, col), 1-based, on the
+    4 × 4 grid, against every patch key of the other photos of layer 12, head 1; the largest q·k·scale first."""
+    stored, paths = attnviz.qkmap.run_captures(root / "kept")
+    q = stored[photo].query[11, 0, 1 + (row - 1) * 4 + (col - 1)].double()
+    found = sorted(((float(stored[i].key[11, 0, j].double() @ q) * stored[0].scale, i, j)
+                    for i in range(len(stored)) if i != photo for j in range(1, 17)), reverse=True)[:count]
+    return [i18n.text(lang, "qkmap.search_match", rank=rank, name=Path(paths[i]).name, logit=logit,
+                      patch=i18n.text(lang, "analysis.patch", row=(j - 1) // 4 + 1, col=(j - 1) % 4 + 1))
+            for rank, (logit, i, j) in enumerate(found, 1)]
+
+
+def to_chinese(page, where: str) -> None:
+    if where == "phone":  # the sidebar is folded away on a phone
+        page.locator(EXPAND_SIDEBAR).first.click()
+    pick(page, "lang", "繁體中文")
+    if where == "phone":
+        page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+@pytest.mark.parametrize("where", ["desktop", "projector", "phone"])
+def test_dataset_qk_map_and_patch_search(server, where, lang):
+    url, browser, root = server
+    context = browser.new_context(**SIZES[where])
+    page = context.new_page()
+    page.goto(url + "/dataset")
+    page.locator(".st-key-dataset_qk_colour").wait_for(timeout=180_000)
+    settle(page)
+    if lang == "zh-TW":
+        to_chinese(page, where)
+    header = i18n.text(lang, "qkmap.dataset_header", layer=12, head=1)
+    page.get_by_text(header).wait_for(timeout=60_000)
+    pick(page, "dataset_qk_normalize", i18n.text(lang, "qkmap.normalize_none"))  # the raw q and k, as by_hand has them
+    _, rho = by_hand(root, 11, 0)
+    text = page.locator("[data-testid='stMain']").inner_text()
+    assert f"{rho:+.2f}" in text, text
+    assert i18n.text(lang, "qkmap.dataset_caption", photos=4, points=4 * 2 * 17) in text
+
+    # Pick a patch: row 3 of the first photo (column 2, the box's middle default); its strongest matches.
+    row_box = page.locator(".st-key-dataset_qk_row input")
+    row_box.fill("3")
+    row_box.press("Enter")
+    settle(page)
+    first = expected_matches(root, lang, photo=0, row=3, col=2)
+    page.get_by_text(first[0]).wait_for(timeout=60_000)
+    text = page.locator("[data-testid='stMain']").inner_text()
+    assert all(caption in text for caption in first), (first, text)
+    _, paths = attnviz.qkmap.run_captures(root / "kept")
+    query = i18n.text(lang, "qkmap.search_query", name=Path(paths[0]).name,
+                      patch=i18n.text(lang, "analysis.patch", row=3, col=2))
+    assert query in text, (query, text)
+
+    # It fits: nothing wider than the screen, and the map's canvas inside it.
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    vw = SIZES[where]["viewport"]["width"]
+    assert width <= vw, (where, width)
+    for chart in page.locator("[data-testid='stVegaLiteChart']").all():  # every head over the photos; this head's map
+        box = chart.bounding_box()
+        assert box is not None and box["width"] > 100 and box["x"] >= 0 and box["x"] + box["width"] <= vw + 0.5, box
+    canvas = page.locator("[data-testid='stVegaLiteChart'] canvas")  # the Q/K map alone is drawn on a canvas
+    assert canvas.count() == 1
+    painted = canvas.evaluate("""c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let coloured = 0;  // saturated pixels: the viridis-coloured points, not the grey axes
+        for (let i = 0; i < d.length; i += 4)
+          if (Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 60) coloured++;
+        return coloured; }""")
+    assert painted > 500, painted  # 136 points drawn
+    assert page.locator("[data-testid='stException']").count() == 0
+    if SHOTS is not None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.get_by_text(header).scroll_into_view_if_needed()
+        page.screenshot(path=SHOTS / f"qkmap_dataset_{where}_{lang}.png")
+    context.close()
