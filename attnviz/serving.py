@@ -19,7 +19,7 @@ A visitor picks models from lists; only the owner, at start, decides what the li
 - ``ATTNVIZ_LIVE_STREAMS`` (default: the number of cores): live-camera streams that may run at once
   (0: no live camera).
 - ``ATTNVIZ_RUNTIME`` (default ``auto``): where the page's captures run — ``auto`` is the fastest CPU runtime
-  installed (``pip install 'attnviz[fast]'``: OpenVINO, then ONNX Runtime) where it is checked exact for the
+  installed (``pip install 'attnviz[fast]'``: ONNX Runtime, then OpenVINO) where it is checked exact for the
   model at load, else PyTorch; ``pytorch``, ``openvino`` or ``onnxruntime`` choose (:func:`attnviz.runtimes.on_runtime`).
 
 The library and the CLI are not limited by any of this: they run as their user.

@@ -38,7 +38,9 @@ from . import graph, onnx_runtime, open_vino
 
 RUNTIMES = {backend.NAME: backend for backend in (onnx_runtime, open_vino)}
 DEFAULT = "openvino"
-PREFERENCE = ("openvino", "onnxruntime")  # "auto" takes the first installed: fastest first (bench.runtimes)
+# "auto" (a server's default) takes the first installed: the most captures per second at the server's one
+# thread per forward pass with as many at once as cores (python -m bench.runtimes --server, docs/performance.md).
+PREFERENCE = ("onnxruntime", "openvino")
 TOLERANCE = 1e-5
 INSTALL = "pip install 'attnviz[fast]'"
 log = logging.getLogger("attnviz.runtimes")
