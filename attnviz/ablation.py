@@ -119,7 +119,8 @@ def head_ablation(model: Model, cap: Capture, progress: Callable[[float], None] 
         fresh = before[layer].expand(heads, -1, -1)  # one new run per head of this layer
         on = torch.ones(running.shape[0] + heads, heads)
         on[running.shape[0] + torch.arange(heads), torch.arange(heads)] = 0.0  # row of head h: h off
-        running = interventions.block_forward(block, torch.cat([running, fresh]), on)
+        first = 1 if layer == depth - 1 and interventions.reads_class_token(network) else None  # all readout reads
+        running = interventions.block_forward(block, torch.cat([running, fresh]), on, first=first)
         done += layer + 1
         if progress is not None:
             progress(done / total)

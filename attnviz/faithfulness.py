@@ -232,6 +232,7 @@ def outputs(model: Model, x: torch.Tensor, removed: np.ndarray, fill: Fill, batc
     if fill == "token":
         network, prefix = model.network, model.num_prefix_tokens
         tokens = interventions.embed(network, x)  # (1, N, D): embedded once, then patches dropped
+        runtime = model.runtime if model.runtime is not None and model.runtime.blocks is not None else None
         kept_count = (~removed).sum(1)
         for count in np.unique(kept_count):  # rows of one length form a batch
             rows = np.flatnonzero(kept_count == count)
@@ -239,7 +240,10 @@ def outputs(model: Model, x: torch.Tensor, removed: np.ndarray, fill: Fill, batc
                 chunk = rows[start:start + batch]
                 kept = torch.as_tensor(np.stack([np.flatnonzero(~removed[r]) for r in chunk]).reshape(chunk.size, count))
                 t = interventions.keep_tokens(tokens.expand(chunk.size, -1, -1), prefix, kept)
-                out = interventions.readout(network, interventions.run_blocks(network, t))  # (b, C)
+                if runtime is not None:  # the same blocks and head, checked exact when attnviz.fast switched it on
+                    out = runtime.blocks_output(t)  # (b, C)
+                else:
+                    out = interventions.readout(network, interventions.run_blocks(network, t, for_readout=True))
                 for r, o in zip(chunk, out):
                     results[r] = o
                 if progress is not None:

@@ -59,11 +59,13 @@ def keep_tokens(tokens: torch.Tensor, prefix: int, kept: torch.Tensor) -> torch.
 
 
 def block_forward(block: Block, x: torch.Tensor, heads_on: torch.Tensor | None = None,
-                  record: list | None = None) -> torch.Tensor:
+                  record: list | None = None, first: int | None = None) -> torch.Tensor:
     """timm's ``Block.forward`` (eval mode), with head h's output zeroed where ``heads_on[b, h]`` is 0.
 
     ``heads_on``: (B, H) of 0 / 1, or None for the plain block. ``record``: a list that receives this
-    block's (q, k), each (B, H, N, d_k), for a capture of the ablated model.
+    block's (q, k), each (B, H, N, d_k), for a capture of the ablated model. ``first``: only the first
+    ``first`` tokens' outputs, (B, first, D) — their queries still attend to every key; each token's
+    output depends on its own row alone after the attention, so they are exactly the full block's.
     """
     attn = block.attn
     h = block.norm1(x)
@@ -74,15 +76,24 @@ def block_forward(block: Block, x: torch.Tensor, heads_on: torch.Tensor | None =
     q, k = attn.q_norm(q), attn.k_norm(k)
     if record is not None:
         record.append((q, k))
-    out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # (B, H, N, d_k)
+    if first is not None:
+        q, x = q[:, :, :first], x[:, :first]  # (B, H, first, d_k), (B, first, D)
+        gate = gate[:, :first] if gate is not None else None
+    out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # (B, H, Nq, d_k)
     if heads_on is not None:
         out = out * heads_on.to(out.dtype)[:, :, None, None]
-    out = out.transpose(1, 2).reshape(b, n, attn.attn_dim)  # (B, N, H · d_k): the heads side by side
+    out = out.transpose(1, 2).reshape(b, q.shape[2], attn.attn_dim)  # (B, Nq, H · d_k): the heads side by side
     out = attn.norm(out)
     if gate is not None:
         out = out * gate
     x = x + block.ls1(attn.proj(out))
     return x + block.ls2(block.mlp(block.norm2(x)))
+
+
+def reads_class_token(network: VisionTransformer) -> bool:
+    """Does ``network``'s output read the class token alone (class-token pooling, no attention pooling)? Then
+    the last block needs only that token's output."""
+    return network.global_pool == "token" and getattr(network, "attn_pool", None) is None
 
 
 def readout(network: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
@@ -91,9 +102,12 @@ def readout(network: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
 
 
 def run_blocks(network: VisionTransformer, x: torch.Tensor, start: int = 0,
-               heads_on: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
-    """Blocks ``start``… on the (B, N, D) stream ``x``; ``heads_on[l]`` as in :func:`block_forward`."""
+               heads_on: Sequence[torch.Tensor | None] | None = None, for_readout: bool = False) -> torch.Tensor:
+    """Blocks ``start``… on the (B, N, D) stream ``x``; ``heads_on[l]`` as in :func:`block_forward`. With
+    ``for_readout``, the last block gives only the class token where that is all :func:`readout` reads."""
+    last = len(network.blocks) - 1
     for layer in range(start, len(network.blocks)):
         mask = None if heads_on is None else heads_on[layer]
-        x = block_forward(network.blocks[layer], x, mask)
+        first = 1 if for_readout and layer == last and reads_class_token(network) else None
+        x = block_forward(network.blocks[layer], x, mask, first=first)
     return x

@@ -228,3 +228,59 @@ def test_real_model_curves_equal_the_reference(real_model, cat):
         assert np.abs(curve.deletion - deletion).max() <= 1e-4
         assert np.abs(curve.insertion - insertion).max() <= 1e-4
     assert result.removed.tolist() == [0, 19, 39, 58, 78, 98, 117, 137, 156, 176, 196]
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_token_removal_on_a_runtime_equals_the_reference(runtime, tiny_classifier, tmp_path):
+    """attnviz.fast adds the blocks-and-head graph (any batch, any length) where it is exact; every curve
+    value computed on it agrees with the plain loop over timm's blocks."""
+    pytest.importorskip(runtime)
+    model = attnviz.fast(tiny_classifier, runtime, cache=tmp_path)
+    assert model.runtime is not None and model.runtime.blocks is not None
+    assert list(tmp_path.glob("blocks-*.onnx"))
+    cap = capture_of(model, seed=3)
+    result = fa.faithfulness(model, cap, fill="token")
+    calls = []
+    plain = type(model.runtime).blocks_output
+
+    def counted(self, tokens):
+        calls.append(tuple(tokens.shape))
+        return plain(self, tokens)
+
+    type(model.runtime).blocks_output = counted
+    try:
+        again = fa.faithfulness(model, cap, fill="token")
+    finally:
+        type(model.runtime).blocks_output = plain
+    assert calls and all(shape[2] == 32 for shape in calls)  # the runs went through the runtime
+    for curve in (*result.curves[::3], *result.random[:2]):
+        counts, deletion, insertion = reference_curves(tiny_classifier, cap, curve.ranking.order, "token")
+        assert np.abs(curve.deletion - deletion).max() <= 1e-4
+        assert np.abs(curve.insertion - insertion).max() <= 1e-4
+    for a, b in zip(result.curves, again.curves):
+        np.testing.assert_array_equal(a.deletion, b.deletion)
+
+
+def test_a_blocks_graph_that_is_not_exact_leaves_token_removal_on_pytorch(tiny_classifier, tmp_path, monkeypatch, caplog):
+    pytest.importorskip("onnxruntime")
+    from attnviz import runtimes
+
+    monkeypatch.setattr(runtimes, "blocks_mismatch", lambda model, runtime: "it is off by 1.0e+00")
+    with caplog.at_level("WARNING", logger="attnviz.runtimes"):
+        model = attnviz.fast(tiny_classifier, "onnxruntime", cache=tmp_path)
+    assert model.runtime is not None and model.runtime.blocks is None  # captures still run on the runtime
+    assert [r.getMessage() for r in caplog.records] == ["tiny removes tokens on PyTorch: on onnxruntime it is off by 1.0e+00"]
+
+
+def test_the_last_block_for_the_class_token_alone_equals_the_whole_block(tiny_classifier):
+    """block_forward(first=1): the class token's output of the last block, exactly the full block's row 0."""
+    from attnviz import interventions
+
+    network = tiny_classifier.network
+    x = interventions.embed(network, torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(5)))
+    with torch.no_grad():
+        full = network.blocks[-1](x)  # timm's own block
+        first = interventions.block_forward(network.blocks[-1], x, first=1)
+    assert first.shape == (3, 1, 32)
+    torch.testing.assert_close(first[:, 0], full[:, 0], rtol=0, atol=1e-6)
+    assert interventions.reads_class_token(network)

@@ -65,12 +65,20 @@ class Runtime:
     path: Path  # the exported ONNX graph
     threads: int
     run: Callable[[np.ndarray], list[np.ndarray]] = dataclasses.field(repr=False)
+    # The blocks and head alone, on token sequences of any batch and length (the token-removal runs of
+    # attnviz.faithfulness); None where the model is not a plain timm ViT or that graph was not exact.
+    blocks: Callable[[np.ndarray], list[np.ndarray]] | None = dataclasses.field(default=None, repr=False)
 
     def forward(self, x: torch.Tensor) -> Outputs:
         """(1, 3, S, S) float32 → the capture's output, q, k and token norms."""
         out = self.run(np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32))
         output, query, key, norms = (torch.from_numpy(np.asarray(a)) for a in out)
         return Outputs(output, query, key, norms)
+
+    def blocks_output(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, n, D) float32 token sequences → (B, C): what ``readout(run_blocks(tokens))`` gives in PyTorch."""
+        return torch.from_numpy(np.asarray(self.blocks(np.ascontiguousarray(tokens.detach().cpu().numpy(),
+                                                                             dtype=np.float32))[0]))
 
     def __repr__(self) -> str:
         return f"Runtime({self.name!r}, {self.threads} thread{'s' if self.threads != 1 else ''})"
@@ -111,8 +119,52 @@ def fast(
     if why is not None:
         log.warning("%s stays on PyTorch: on %s %s", model.name, runtime, why)
         return base
-    log.info("%s captures on %s (checked exact in %.1f s)", model.name, runtime, time.perf_counter() - start)
+    candidate = with_blocks(base, candidate, backend, Path(cache) if cache is not None else default_cache())
+    log.info("%s captures on %s (checked exact in %.1f s)%s", model.name, runtime, time.perf_counter() - start,
+             "; token removal too" if candidate.blocks is not None else "")
     return dataclasses.replace(model, runtime=candidate)
+
+
+def with_blocks(model: Model, runtime: Runtime, backend, cache: Path) -> Runtime:
+    """``runtime`` with the blocks-and-head graph for token removal, where ``model`` is a plain timm ViT and
+    that graph equals PyTorch on the probe (every row, full and shortened sequences, a batch); else as it was."""
+    from .. import interventions
+
+    if interventions.refusal(model) is not None:
+        return runtime
+    try:
+        path = graph.exported(model, cache, "blocks")
+        candidate = dataclasses.replace(runtime, blocks=backend.start(path, runtime.threads))
+        why = blocks_mismatch(model, candidate)
+    except Exception as e:  # noqa: BLE001 — as in fast(): the capture runtime stays, token removal runs on PyTorch
+        why = f"it could not be exported or run ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+    if why is not None:
+        log.warning("%s removes tokens on PyTorch: on %s %s", model.name, runtime.name, why)
+        return runtime
+    return candidate
+
+
+@torch.inference_mode()
+def blocks_mismatch(model: Model, runtime: Runtime) -> str | None:
+    """Why ``runtime.blocks`` is not PyTorch's blocks and head on the probe, or None when it is: the whole
+    sequence, and a batch of two sequences that keep the prefix and every other patch (another length)."""
+    from .. import interventions
+
+    network, prefix = model.network, model.num_prefix_tokens
+    tokens = interventions.embed(network, probe(model))  # (1, N, D)
+    patches = tokens.shape[1] - prefix
+    half = patches // 2
+    kept = torch.stack([torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2)])  # (2, half): even, odd patches
+    for t in (tokens, interventions.keep_tokens(tokens.expand(2, -1, -1), prefix, kept)):
+        reference = interventions.readout(network, interventions.run_blocks(network, t))
+        got = runtime.blocks_output(t)
+        if got.shape != reference.shape:
+            return f"the blocks' output has the shape {tuple(got.shape)}, not {tuple(reference.shape)}"
+        off = float((reference.double() - got.double()).abs().max())
+        scale = max(float(reference.abs().max()), 1.0)
+        if not off <= TOLERANCE * scale:
+            return f"the blocks' output differs from PyTorch's by {off:.1e} on {t.shape[1]} tokens (allowed {TOLERANCE * scale:.1e})"
+    return None
 
 
 def installed() -> tuple[str, ...]:

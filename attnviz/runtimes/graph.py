@@ -1,4 +1,5 @@
-"""The capture's forward pass as one ONNX graph: the network with every layer's q and k as outputs.
+"""The capture's forward pass as one ONNX graph: the network with every layer's q and k as outputs; and the
+blocks alone (:class:`BlocksForward`), for the token-removal runs of :mod:`attnviz.faithfulness`.
 
 :class:`CaptureForward` runs the network exactly as :func:`attnviz.capture_tensor` does — with the hooks
 the model family's adapter installed (:mod:`attnviz.adapters`) writing into a recorder — and returns what
@@ -53,6 +54,29 @@ class CaptureForward(torch.nn.Module):
         return output, recorder.query, recorder.key, recorder.norms
 
 
+class BlocksForward(torch.nn.Module):
+    """(B, n, D) token sequences (positions already added, any batch and length) → (B, C) outputs: timm's
+    blocks and head as :func:`attnviz.interventions.run_blocks` and ``readout`` run them (plain timm ViTs
+    only, the models :func:`attnviz.interventions.refusal` lets through)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.network = model.network
+        self.eval()  # as CaptureForward: the exporter restores the mode it found
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        from .. import interventions
+
+        return interventions.readout(self.network, interventions.run_blocks(self.network, tokens, for_readout=True))
+
+
+GRAPHS = {  # kind → (module, example input, dynamic axes): what each exported file computes
+    "capture": (CaptureForward, lambda model: torch.zeros(1, 3, model.size, model.size), None),
+    "blocks": (BlocksForward, lambda model: torch.zeros(2, model.num_tokens, model.embed_dim),
+               {"input": {0: "batch", 1: "tokens"}, "output": {0: "batch"}}),
+}
+
+
 def weights_digest(network: torch.nn.Module) -> str:
     """sha256 of every parameter and buffer (names, shapes, bytes): two networks with one digest compute
     the same function."""
@@ -64,14 +88,18 @@ def weights_digest(network: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def exported(model, folder: Path) -> Path:
-    """The ONNX file of ``model``'s capture forward at its size, exported on first use (a few seconds)."""
+def exported(model, folder: Path, kind: str = "capture") -> Path:
+    """The ONNX file of ``model``'s capture forward at its size (``kind`` "capture") or of its blocks and head
+    ("blocks"), exported on first use (a few seconds)."""
+    module, example, dynamic = GRAPHS[kind]
     code = [sys.modules[type(model.adapter).__module__].__file__, __file__]  # what decides the traced ops
+    if kind == "blocks":
+        code.append(str(Path(__file__).parents[1] / "interventions.py"))
     key = hashlib.sha256("|".join([
-        model.name, str(model.size), model.adapter.family, torch.__version__, __version__, str(OPSET),
+        kind, model.name, str(model.size), model.adapter.family, torch.__version__, __version__, str(OPSET),
         weights_digest(model.network), *(hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in code),
     ]).encode()).hexdigest()[:20]
-    target = Path(folder) / f"capture-{key}.onnx"
+    target = Path(folder) / f"{kind}-{key}.onnx"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,11 +109,12 @@ def exported(model, folder: Path) -> Path:
         with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
             torch.onnx.export(
-                CaptureForward(model), (torch.zeros(1, 3, model.size, model.size),), str(partial),
-                dynamo=False, opset_version=OPSET, input_names=["input"], output_names=list(OUTPUTS),
+                module(model), (example(model),), str(partial), dynamo=False, opset_version=OPSET,
+                input_names=["input"], output_names=list(OUTPUTS) if kind == "capture" else ["output"],
+                dynamic_axes=dynamic,
             )
         os.replace(partial, target)  # a half-written file never carries the final name
     finally:
         partial.unlink(missing_ok=True)
-    log.info("exported %s at %d px to %s in %.1f s", model.name, model.size, target, time.perf_counter() - start)
+    log.info("exported %s's %s at %d px to %s in %.1f s", model.name, kind, model.size, target, time.perf_counter() - start)
     return target

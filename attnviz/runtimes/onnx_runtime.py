@@ -6,6 +6,7 @@ from typing import Callable
 
 import numpy as np
 
+LABEL = "ONNX Runtime"  # as a person reads it
 NAME = "onnxruntime"
 PACKAGE = "onnxruntime"
 

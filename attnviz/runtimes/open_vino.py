@@ -16,6 +16,7 @@ import numpy as np
 
 from ..jobs import core_count
 
+LABEL = "OpenVINO"  # as a person reads it
 NAME = "openvino"
 PACKAGE = "openvino"
 

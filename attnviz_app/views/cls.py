@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from attnviz import offline, render
+from attnviz import offline, render, runtimes
 from ..text import t
 
 from .base import ALL, Context, View, register
@@ -63,14 +63,11 @@ def show(ctx: Context) -> None:
         facts(ctx)
 
 
-RUNTIME_NAMES = {"openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}
-
-
 def engine(model) -> str:
     """What computed the capture: PyTorch, or the runtime the owner switched on (checked exact at load)."""
     if model.runtime is None:
         return t("facts.engine_pytorch")
-    return t("facts.engine_runtime", runtime=RUNTIME_NAMES.get(model.runtime.name, model.runtime.name))
+    return t("facts.engine_runtime", runtime=runtimes.RUNTIMES[model.runtime.name].LABEL)
 
 
 def facts(ctx: Context) -> None:
