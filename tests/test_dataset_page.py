@@ -36,6 +36,8 @@ def test_page_opens_a_run(runs, monkeypatch, lang):
     shown = "\n".join(m.value for m in at.markdown)
     assert i18n.text(lang, "dataset.counts", images=4, errors=1) in shown
     assert len(at.get("vega_lite_chart")) == 1
+    labels = [b.label for b in at.get("download_button")]  # the heads chart as vector files, for papers
+    assert labels.count(i18n.text(lang, "figure.download_svg")) == labels.count(i18n.text(lang, "figure.download_pdf")) == 1
     # The chosen head's photos: layer 12, head 1 ranked by mean distance, smallest first, with their maps.
     heads = read_run(runs / "small-run").heads.to_pandas()
     rows = heads[(heads["layer"] == 11) & (heads["head"] == 0)].sort_values("distance_px")
@@ -69,3 +71,27 @@ def test_no_folder_chosen_says_how(monkeypatch):
     assert not at.exception
     assert "ATTNVIZ_DATASETS" in at.info[0].value and i18n.text("zh-TW", "dataset.unset") in at.info[0].value
     assert not at.text_input  # no field where a browser could type a server path
+
+
+def test_the_heads_chart_downloads_as_svg_and_pdf(runs, monkeypatch):
+    """The chart the page draws, as its SVG / PDF buttons convert it: titled, self-contained, readable."""
+    import io
+    import xml.etree.ElementTree as ET
+
+    pypdf = pytest.importorskip("pypdf")
+    from attnviz import figure
+    from attnviz_app.views import common
+
+    offered = {}
+    real = common.download_chart
+    monkeypatch.setattr(common, "download_chart", lambda chart, stem, key: (offered.update({stem: chart.to_dict()}),
+                                                                           real(chart, stem, key)))
+    at = open_page("en", monkeypatch, runs)
+    assert not at.exception
+    spec = offered["dataset_heads_distance_entropy"]
+    svg = figure.chart_bytes(spec, "svg")
+    words = " ".join(e.text or "" for e in ET.fromstring(svg).iter())
+    assert i18n.text("en", "dataset.scatter_header") in words
+    assert b"http" not in svg.replace(b"http://www.w3.org", b"")  # nothing fetched from outside the file
+    pdf = pypdf.PdfReader(io.BytesIO(figure.chart_bytes(spec, "pdf")))
+    assert "layer" in " ".join(page.extract_text() for page in pdf.pages).lower()

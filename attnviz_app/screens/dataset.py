@@ -20,6 +20,7 @@ with startup.importing():
     import pandas as pd
 
     from attnviz_app import ui
+    from attnviz_app.views.common import download_chart
     from attnviz import dataset, i18n, render, runfiles
     from attnviz.adapters import family_of_name
     from attnviz.errors import RunFileError
@@ -193,8 +194,11 @@ per_image = heads[heads["image"].isin(shown_images)].assign(
     layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1, name=lambda d: d["image"].map(lambda i: Path(paths[i]).name),
 )[["layer", "head", "name", "distance_px", "entropy"]]
 sampled = t("dataset.sampled", count=len(shown_images)) if len(shown_images) < len(paths) else ""
-st.altair_chart(scatter(summary, per_image), width="stretch")
+heads_chart = scatter(summary, per_image)
+st.altair_chart(heads_chart, width="stretch")
 st.caption(t("dataset.scatter_caption", images=len(paths), sampled=sampled))
+download_chart(heads_chart.properties(title=t("dataset.scatter_header")), "dataset_heads_distance_entropy",
+               key="dataset_scatter")
 
 # --- One head's photos ---
 st.subheader(t("dataset.chosen_header"))
