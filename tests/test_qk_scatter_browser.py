@@ -1,9 +1,9 @@
 """The WebGL scatter (attnviz_app/qk_scatter.js) in the real server and a real headless Chromium (no GPU: WebGL
 on SwiftShader), on a small known map (tests/qk_scatter_page.py), in English and 繁體中文, on a desktop (mouse)
 and a phone (touch): every point painted where the Python side put it and in its colour; a drag moves the
-picture by as much as the pointer moved; the wheel zooms about the pointer, queries circles and keys squares;
-hovering (tapping) a point shows its photo, kind and token. A browser without WebGL gets the Altair chart and
-one line that says so."""
+picture by as much as the pointer moved; the wheel and two fingers zoom about the pointer (the fingers'
+middle), queries circles and keys squares; hovering (tapping) a point shows its photo, kind and token. A browser
+without WebGL gets the Altair chart and one line that says so."""
 from __future__ import annotations
 
 import base64
@@ -186,7 +186,7 @@ def qk_scatter_half(zoom: float) -> float:
 
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
-def test_phone_paints_and_pans_by_touch_and_taps_a_tooltip(served, lang):
+def test_phone_paints_pans_and_pinches_by_touch_and_taps_a_tooltip(served, lang):
     url, browser = served
     page = open_page(browser, "phone")
     load(page, url, lang)
@@ -210,6 +210,20 @@ def test_phone_paints_and_pans_by_touch_and_taps_a_tooltip(served, lang):
 
     page.touchscreen.tap(*moved[23])
     check_tooltip(page, lang, 23)
+
+    # Two fingers spread from 40 to 80 px apart about point 23: it stays between them, the rest spread out 2 ×.
+    middle = moved[23]
+
+    def fingers(gap: float) -> list[dict]:
+        return [{"x": middle[0] - gap / 2, "y": middle[1], "id": 1},
+                {"x": middle[0] + gap / 2, "y": middle[1], "id": 2}]
+
+    cdp.send("Input.dispatchTouchEvent", {"type": "touchStart", "touchPoints": fingers(40)})
+    for gap in (50, 60, 70, 80):
+        cdp.send("Input.dispatchTouchEvent", {"type": "touchMove", "touchPoints": fingers(gap)})
+    cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
+    page.evaluate(NEXT_FRAME)
+    assert check_points(page, middle + (moved - middle) * 2) >= 12
     shot(page, f"qk_scatter_phone_{lang}")
     page.close()
 
