@@ -3,9 +3,9 @@
 The browser side is ``qk_scatter.js`` (plain JavaScript and raw WebGL, shipped with the package, nothing
 downloaded): all points in one ``gl.POINTS`` draw, circles for queries and squares for keys, pan by drag,
 zoom by wheel or pinch, a tooltip found through a grid index. It is mounted with Streamlit's components v2
-API (no iframe). This side only packs the points: every colour is computed here, with the colour scales
-the Altair chart uses (ten categorical colours in turn per photo, matplotlib's tab10; viridis for values),
-so the picture is fixed by :func:`payload` and a test can check every point of it.
+API (no iframe). This side only packs the points: every colour is computed here, with the kinds of scale
+the Altair chart has (ten categorical colours in turn per photo: matplotlib's tab10, where Vega used its
+tableau10; viridis for values), so the picture is fixed by :func:`payload` and a test can check every point.
 """
 from __future__ import annotations
 
