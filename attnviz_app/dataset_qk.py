@@ -13,12 +13,14 @@ import streamlit as st
 from attnviz import qkmap, render
 from attnviz.errors import RunError
 
+from . import qk_scatter
 from .text import t
 from .views.common import mark_patch, token_label
 from .views.qkmap import CANVAS, measured_sentence
 
 COLOURS = ("photo", "row", "column", "cls_attention", "brightness")
 MATCHES = 8
+SCATTER_KEY = "dataset_qk_scatter"
 CAPTURE_ENTRIES = 2  # heads kept read: each ≤ 200 photos' q, k and inputs (~110 MB at 196 px)
 
 
@@ -35,6 +37,7 @@ def head_map(out: str, signature_key: str, layer: int, head: int, normalize: str
 
 
 def chart(qk: qkmap.QKMap, values: np.ndarray, names: list[str], colour_title: str, categorical: bool):
+    """The map as an Altair chart: what a browser without WebGL gets (and ``bench/qkmap.py`` compares)."""
     import altair as alt
     import pandas as pd
 
@@ -80,7 +83,11 @@ def show(out: str, signature: tuple, layer: int, head: int) -> None:
         values = qkmap.colour_values(qk, caps, colour)
     if colour in ("row", "column"):
         values = values + 1
-    st.altair_chart(chart(qk, values, names, t(f"qkmap.colour_{colour}"), colour == "photo"), width="stretch")
+    title, categorical = t(f"qkmap.colour_{colour}"), colour == "photo"
+    labels = [token_label(i, qk.num_prefix_tokens, qk.grid) for i in range(qk.num_tokens)]
+    # ~79 000 points: WebGL (Vega's canvas takes seconds to draw them and half a second a pan step).
+    qk_scatter.show(qk_scatter.payload(qk, values, names, labels, title, categorical, qk_scatter.words()), SCATTER_KEY,
+                    lambda: st.altair_chart(chart(qk, values, names, title, categorical), width="stretch"))
     st.caption(t("qkmap.dataset_caption", photos=len(caps), points=len(qk.token)))
     st.markdown(measured_sentence(stats, layer - 1, head - 1))
 

@@ -1,4 +1,5 @@
-"""The page ``bench/qkmap.py`` serves: the Dataset page's Q/K chart of a map it saved (``QK_BENCH_DATA``)."""
+"""The page ``bench/qkmap.py`` serves: the Dataset page's Q/K map of a map it saved (``QK_BENCH_DATA``), drawn
+by the WebGL scatter (``?draw=webgl``, what the page uses) or by the Altair chart (``?draw=vega``, its fallback)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from attnviz_app import qk_scatter
 from attnviz_app.dataset_qk import chart
+from attnviz_app.views.common import token_label
 
 
 @st.cache_resource
@@ -16,4 +19,9 @@ def saved(path: str):
 
 
 qk, values, names = saved(os.environ["QK_BENCH_DATA"])
-st.altair_chart(chart(qk, values, names, "Patch row", False), width="stretch")
+if st.query_params.get("draw") == "vega":
+    st.altair_chart(chart(qk, values, names, "Patch row", False), width="stretch")
+else:
+    labels = [token_label(i, qk.num_prefix_tokens, qk.grid) for i in range(qk.num_tokens)]
+    data = qk_scatter.payload(qk, values, names, labels, "Patch row", False, qk_scatter.words())
+    qk_scatter.show(data, "bench_scatter", lambda: st.error("no WebGL in this browser"))

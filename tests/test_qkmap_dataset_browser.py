@@ -1,6 +1,7 @@
 """The Dataset page's Q/K map and patch search in a real browser, at desktop, projector (1280 × 720) and phone
 (390 × 844, touch) sizes, in English and 繁體中文: the measured sentence and the patch search's matches
-against a recomputation by hand, the map drawn inside the screen, and no page wider than the screen."""
+against a recomputation by hand, the map (the WebGL scatter) drawn inside the screen, and no page wider than the
+screen."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,7 @@ import attnviz
 from attnviz import i18n
 from attnviz.dataset import RunConfig, run_local
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
-from serve import chromium, require_chromium, streamlit_server
-from test_classroom_browser import PHONE_UA, SHOTS, settle
+from serve import PHONE_UA, SHOTS, chromium, require_chromium, settle, streamlit_server
 from test_qkmap_browser import EXPAND_SIDEBAR, pick
 from test_qkmap_dataset_page import by_hand
 
@@ -95,12 +95,19 @@ def test_dataset_qk_map_and_patch_search(server, where, lang):
     for chart in page.locator("[data-testid='stVegaLiteChart']").all():  # every head over the photos; this head's map
         box = chart.bounding_box()
         assert box is not None and box["width"] > 100 and box["x"] >= 0 and box["x"] + box["width"] <= vw + 0.5, box
-    canvas = page.locator("[data-testid='stVegaLiteChart'] canvas")  # the Q/K map alone is drawn on a canvas
+    assert page.locator("[data-testid='stVegaLiteChart'] canvas").count() == 0  # the Q/K map is WebGL's now
+    canvas = page.locator("canvas.qk-canvas")
     assert canvas.count() == 1
-    painted = canvas.evaluate("""c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-        let coloured = 0;  // saturated pixels: the viridis-coloured points, not the grey axes
+    box = canvas.bounding_box()
+    assert abs(box["height"] - 460) <= 1 and box["x"] >= 0 and box["x"] + box["width"] <= vw + 0.5, box
+    page.wait_for_function("() => Number(document.querySelector('canvas.qk-canvas').dataset.frames) >= 1")
+    painted = canvas.evaluate("""async c => { const img = new Image(); img.src = c.toDataURL(); await img.decode();
+        const k = document.createElement('canvas'); k.width = c.width; k.height = c.height;
+        const g = k.getContext('2d'); g.drawImage(img, 0, 0);
+        const d = g.getImageData(0, 0, k.width, k.height).data;
+        let coloured = 0;  // saturated pixels: the viridis-coloured points
         for (let i = 0; i < d.length; i += 4)
-          if (Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 60) coloured++;
+          if (d[i+3] && Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 60) coloured++;
         return coloured; }""")
     assert painted > 500, painted  # 136 points drawn
     assert page.locator("[data-testid='stException']").count() == 0

@@ -8,7 +8,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import attnviz
-from attnviz import i18n
+from attnviz import i18n, qkmap
+from attnviz_app import qk_scatter
 from attnviz.dataset import RunConfig, run_local
 from conftest import APP
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
@@ -57,7 +58,12 @@ def test_dataset_qk_map_and_patch_search(runs, monkeypatch, lang):
                    dataset_qk_row=2, dataset_qk_col=3)
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error and not at.warning, [e.value for e in [*at.error, *at.warning]]
-    assert len(at.get("vega_lite_chart")) == 2  # every head, and this head's queries and keys
+    assert len(at.get("vega_lite_chart")) == 1  # every head; this head's queries and keys are the WebGL scatter's
+    (scatter,) = at.get("bidi_component")
+    head, points = qk_scatter.unpack(scatter.proto.bytes)
+    qk = qkmap.qk_map(qkmap.run_captures(runs / "kept")[0], 11, 0, normalize="none")
+    assert np.array_equal(points["x"], qk.xy[:, 0].astype(np.float32)) and len(points) == 4 * 2 * 17
+    assert head["words"]["query"] == i18n.text(lang, "qkmap.query")
     text = "\n".join(m.value for m in at.markdown)
     caps, rho = by_hand(runs, 11, 0)
     assert i18n.text(lang, "qkmap.dataset_header", layer=12, head=1) in [h.value for h in at.subheader]
