@@ -76,3 +76,16 @@ def test_the_page_captures_on_the_owners_runtime_and_says_so(runtime, said, monk
     assert (model.runtime.name if model.runtime is not None else "pytorch") == runtime
     if runtime != "pytorch":
         assert list(tmp_path.glob("capture-*.onnx"))  # the page's model was exported and checked, not assumed
+
+
+def test_a_model_with_stages_stays_on_pytorch_with_one_log_line(tmp_path, caplog):
+    from test_zoo import SMALL_BUILDS
+    from test_zoo_views import small_model
+
+    _, name, kwargs, size = next(b for b in SMALL_BUILDS if b[1].startswith("swin_tiny"))
+    model = small_model(name, kwargs, size)
+    with caplog.at_level(logging.WARNING, logger="attnviz.runtimes"):
+        kept = runtimes.on_runtime(model, "auto", threads=1, cache=tmp_path)
+    assert kept.runtime is None and not list(tmp_path.iterdir())  # refused before any export
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{name} stays on PyTorch: the onnxruntime runtime runs models without stages and windows only"]

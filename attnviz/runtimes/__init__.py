@@ -105,6 +105,9 @@ def fast(
     except ImportError as e:
         raise ModelError(f"The {runtime} runtime is not installed; install it with {INSTALL}.") from e
     base = dataclasses.replace(model, runtime=None)
+    if model.adapter.layouts is not None:  # stages and windows: capture_staged's per-layer layout is not exported
+        log.warning("%s stays on PyTorch: the %s runtime runs models without stages and windows only", model.name, runtime)
+        return base
     if model.device.type != "cpu" or next(model.network.parameters()).dtype != torch.float32:
         log.warning("%s stays on PyTorch: the %s runtime runs float32 models on the CPU only", model.name, runtime)
         return base
