@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,3 +288,29 @@ def test_hugging_face_models_are_exact_on_the_runtime_or_stay_on_pytorch(arch, t
         out = eager(pixel_values=x, output_attentions=True)
     for layer in range(2):
         assert float((cap.layer_weights(layer) - out.attentions[layer][0]).abs().max()) <= 1e-5
+
+
+@needs_extra
+def test_ctrl_c_after_a_runtime_model_was_released_is_a_keyboard_interrupt(tmp_path):
+    """A released OpenVINO model used to leave the process so that the next SIGINT was a segmentation fault
+    (the whole test run died in tests/test_hostile_dataset.py's Ctrl-C test); compiled models are now kept."""
+    import subprocess
+    import sys
+
+    script = f"""
+import gc, os, signal, sys, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import torch, attnviz
+from attnviz import faithfulness
+from conftest import tiny_vit
+def run():
+    model = attnviz.fast(tiny_vit(), "openvino", cache={str(tmp_path)!r})
+    faithfulness.faithfulness(model, attnviz.capture_tensor(model, torch.rand(1, 3, 32, 32)), fill="token")
+run(); gc.collect()
+try:
+    os.kill(os.getpid(), signal.SIGINT); time.sleep(0.2)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "interrupted", (done.returncode, done.stderr[-500:])

@@ -5,10 +5,15 @@ OpenVINO runs at most one request per *stream* at a time ("num_streams limits th
 that can be run in parallel"), and its latency hint makes one stream. A server runs one thread per forward
 pass and many forward passes at once (a class's uploads, live frames): with one stream they would queue
 behind each other on one core. So the cores are split into streams of ``threads`` threads each, and
-concurrent calls run side by side, as PyTorch's do."""
+concurrent calls run side by side, as PyTorch's do.
+
+A compiled model is kept for the process's life (the last 8 started): released, it left a state in which the
+next SIGINT — Ctrl-C — killed the process with a segmentation fault (seen with OpenVINO 2026.4 beside torch;
+tests/test_runtimes.py). Keeping it also spares compiling the same graph twice."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +26,7 @@ NAME = "openvino"
 PACKAGE = "openvino"
 
 
+@functools.lru_cache(maxsize=8)
 def start(path: Path, threads: int) -> Callable[[np.ndarray], list[np.ndarray]]:
     """A function (1, 3, S, S) float32 → the graph's outputs, on ``threads`` CPU threads."""
     import openvino as ov
