@@ -452,3 +452,41 @@ def test_the_live_worker_gives_way_between_layers(tiny, monkeypatch):
         assert calls == [2, 2]  # one pause point per frame, reached after each of the 2 blocks
     finally:
         proc.stop()
+
+
+def test_while_visitors_are_at_work_a_runtime_frame_runs_where_it_can_pause(tiny, tmp_path, monkeypatch):
+    """On a CPU runtime a forward pass is one call with no pause point: the frame takes it only on a quiet
+    server; within QUIET_S of page work it runs on PyTorch, giving way at every layer, with the same map."""
+    pytest.importorskip("onnxruntime")
+    fast = attnviz.fast(tiny, "onnxruntime", cache=tmp_path)
+    assert fast.runtime is not None
+    order = Priority(grace_s=0.0)
+    calls: list[int] = []
+    real = order.pause_point
+
+    def pause_point():
+        pause, frame = real(), len(calls)
+        calls.append(0)
+
+        def counted():
+            calls[frame] += 1
+            pause()
+        return counted
+
+    monkeypatch.setattr(order, "pause_point", pause_point)
+    proc = LiveProcessor(LiveSettings(fast, layer=1), priority=order)
+    try:
+        assert order.quiet_for()  # no page work yet
+        proc.recv(camera_frame(9))
+        wait_for(lambda: proc.stats().heatmaps >= 1)
+        quiet_map = proc.latest.cls_map
+        with order.foreground():  # a visitor's photo
+            pass
+        assert not order.quiet_for()
+        proc.recv(camera_frame(9))
+        wait_for(lambda: proc.stats().heatmaps >= 2)
+        assert calls == [0, 2]  # the runtime's one call, then PyTorch's two blocks, each a pause point
+        np.testing.assert_allclose(proc.latest.cls_map, quiet_map, atol=1e-5)
+        assert proc.latest.settings.model.runtime is None and proc.settings.model.runtime is not None
+    finally:
+        proc.stop()
