@@ -298,8 +298,7 @@ def test_ctrl_c_after_a_runtime_model_was_released_is_a_keyboard_interrupt(tmp_p
     import sys
 
     script = f"""
-import gc, os, signal, sys, time
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+import gc, os, signal, time
 import torch, attnviz
 from attnviz import faithfulness
 from conftest import tiny_vit
@@ -312,5 +311,7 @@ try:
 except KeyboardInterrupt:
     print("interrupted")
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    # run from tests/, whose conftest gives the tiny ViT (python -c puts the working folder on the path)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent)
     assert done.returncode == 0 and done.stdout.strip() == "interrupted", (done.returncode, done.stderr[-500:])
