@@ -259,10 +259,6 @@ class LiveProcessor:
                     self._pending = None
                 settings = self.settings
                 pause = self._priority.pause_point() if self._priority is not None else None
-                if pause is not None and settings.model.runtime is not None and not self._priority.quiet_for():
-                    # A runtime's forward pass is one call, with nowhere to pause: while visitors are at work
-                    # the frame runs on PyTorch, which gives way at every layer (the same numbers, to 1e-5).
-                    settings = replace(settings, model=replace(settings.model, runtime=None))
                 try:
                     live = heatmap_frame(frame_image(frame), settings, pause)
                     output = self._encode(live.picture)

@@ -11,8 +11,7 @@ slows an upload even on a core of its own. Three rules keep the streams from tak
   server's event loop is slow to answer (``background(ready=…)``: the page asks Streamlit's loop, which
   carries every upload, page update and the video itself); live frames take turns, ``background`` at
   once server-wide, in the order they asked. A frame already running when a photo arrives stops at its
-  next layer until the photo is done (``pause_point``); while visitors are at work (``quiet_for``), a frame
-  takes the path that has such pause points. Waiting holds neither a core nor the GIL.
+  next layer until the photo is done (``pause_point``). Waiting holds neither a core nor the GIL.
 - :func:`lower_priority`: the threads that compute live frames run at a lower OS priority, so in the
   CPU time left between uploads the rest of the server still goes first.
 
@@ -32,7 +31,6 @@ from typing import Any, Callable, Hashable, Iterator
 IDLE_S = 30.0  # a stream whose camera sent nothing for this long has ended (its slot is taken back)
 GRACE_S = 0.7  # after a photo's capture its page still draws and sends the views: live frames wait that long
 PATIENCE_S = 2.0  # the longest a live frame waits for page work, so a busy server still updates the stream
-QUIET_S = 5.0  # no page work for this long: the server is quiet, and live frames may take a path with no pause point
 READY_POLL_S = 0.05  # how often a waiting live frame asks ``ready()`` again
 
 
@@ -121,11 +119,6 @@ class Priority:
         """Is page work running, or did it end less than ``grace_s`` ago?"""
         with self._changed:
             return self._foreground > 0 or self._clock() - self._ended < self._grace_s
-
-    def quiet_for(self, seconds: float = QUIET_S) -> bool:
-        """Has no page work run for ``seconds``? (A server whose visitors are all idle, or watching.)"""
-        with self._changed:
-            return self._foreground == 0 and self._clock() - self._ended >= seconds
 
     @contextlib.contextmanager
     def background(self, ready: Callable[[], bool] | None = None) -> Iterator[None]:
