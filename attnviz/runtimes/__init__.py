@@ -118,7 +118,7 @@ def fast(
         candidate = Runtime(runtime, path, threads, backend.start(path, threads))
         why = mismatch(base, candidate)
     except Exception as e:  # noqa: BLE001 — the exporter and the runtimes raise many kinds; PyTorch still works
-        why = f"it could not be exported or run ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        why = failed(e)
     if why is not None:
         log.warning("%s stays on PyTorch: on %s %s", model.name, runtime, why)
         return base
@@ -140,7 +140,7 @@ def with_blocks(model: Model, runtime: Runtime, backend, cache: Path) -> Runtime
         candidate = dataclasses.replace(runtime, blocks=backend.start(path, runtime.threads))
         why = blocks_mismatch(model, candidate)
     except Exception as e:  # noqa: BLE001 — as in fast(): the capture runtime stays, token removal runs on PyTorch
-        why = f"it could not be exported or run ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        why = failed(e)
     if why is not None:
         log.warning("%s removes tokens on PyTorch: on %s %s", model.name, runtime.name, why)
         return runtime
@@ -168,6 +168,12 @@ def blocks_mismatch(model: Model, runtime: Runtime) -> str | None:
         if not off <= TOLERANCE * scale:
             return f"the blocks' output differs from PyTorch's by {off:.1e} on {t.shape[1]} tokens (allowed {TOLERANCE * scale:.1e})"
     return None
+
+
+def failed(error: Exception) -> str:
+    """Why a graph is not used, when exporting or running it raised: the error's kind and first line."""
+    first = str(error).splitlines()[0][:160] if str(error) else ""
+    return f"it could not be exported or run ({type(error).__name__}: {first})"
 
 
 def installed() -> tuple[str, ...]:
