@@ -10,16 +10,23 @@ from conftest import APP
 from test_qkmap_browser import expected_numbers
 
 
-@pytest.mark.parametrize("lang", ["en", "zh-TW"])
-def test_sentence_and_query_handover(lang, real_model):
+def _qk_page(lang: str, method: str = "pca") -> AppTest:
+    """The Q/K map view of layer 12, head 3, raw q and k (no normalisation), in ``lang``."""
     at = AppTest.from_file(str(APP), default_timeout=180)
     at.session_state["lang"] = lang
     at.session_state["view"] = "qkmap"
-    at.session_state["head"] = 3
     at.session_state["layer"] = 12
+    at.session_state["head"] = 3
     at.session_state["qk_normalize"] = "none"
+    at.session_state["qk_method"] = method
     at.run()
     assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_sentence_and_query_handover(lang, real_model):
+    at = _qk_page(lang)
     rho, row_r, col_r = expected_numbers(real_model, 11, 2)
     text = "\n".join(m.value for m in at.markdown)
     assert f"{rho:+.2f}" in text
@@ -41,19 +48,6 @@ def test_sentence_and_query_handover(lang, real_model):
     at.run()
     assert not at.exception
     assert any(patch in h.value for h in at.subheader), [h.value for h in at.subheader]
-
-
-def _qk_page(lang: str, method: str) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=180)
-    at.session_state["lang"] = lang
-    at.session_state["view"] = "qkmap"
-    at.session_state["layer"] = 12
-    at.session_state["head"] = 3
-    at.session_state["qk_normalize"] = "none"
-    at.session_state["qk_method"] = method
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def test_umap_on_the_page_when_installed(real_model):
