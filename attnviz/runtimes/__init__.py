@@ -161,12 +161,21 @@ def blocks_mismatch(model: Model, runtime: Runtime) -> str | None:
     for t in (tokens, interventions.keep_tokens(tokens.expand(2, -1, -1), prefix, kept)):
         reference = interventions.readout(network, interventions.run_blocks(network, t))
         got = runtime.blocks_output(t)
-        if got.shape != reference.shape:
-            return f"the blocks' output has the shape {tuple(got.shape)}, not {tuple(reference.shape)}"
-        off = float((reference.double() - got.double()).abs().max())
-        scale = max(float(reference.abs().max()), 1.0)
-        if not off <= TOLERANCE * scale:
-            return f"the blocks' output differs from PyTorch's by {off:.1e} on {t.shape[1]} tokens (allowed {TOLERANCE * scale:.1e})"
+        why = differs(f"the blocks' output on {t.shape[1]} tokens differs", reference, got)
+        if why is not None:
+            return why
+    return None
+
+
+def differs(what: str, reference: torch.Tensor, got: torch.Tensor) -> str | None:
+    """``what`` (e.g. "layer 0's queries differ") and by how much, when ``got`` is not ``reference`` in shape or
+    within ``TOLERANCE`` of its largest magnitude (at least 1); None when it is."""
+    if got.shape != reference.shape:
+        return f"{what} in shape: {tuple(got.shape)}, not {tuple(reference.shape)}"
+    off = float((reference.double() - got.double()).abs().max())
+    scale = max(float(reference.abs().max()), 1.0)
+    if not off <= TOLERANCE * scale:  # also refuses NaN
+        return f"{what} from PyTorch's by {off:.1e} (allowed {TOLERANCE * scale:.1e})"
     return None
 
 
@@ -231,12 +240,9 @@ def mismatch(model: Model, runtime: Runtime, x: torch.Tensor | None = None) -> s
                                      ("token norms", "token_norms", "norms"))]
     pairs.append(("the output differs", reference.output[None], got.output[None]))
     for what, ref, val in pairs:
-        if ref.shape != val.shape:
-            return f"{what} in shape: {tuple(val.shape)}, not {tuple(ref.shape)}"
-        off = float((ref.double() - val.double()).abs().max())
-        scale = max(float(ref.abs().max()), 1.0)
-        if not off <= TOLERANCE * scale:  # also refuses NaN
-            return f"{what} from PyTorch's by {off:.1e} (allowed {TOLERANCE * scale:.1e})"
+        why = differs(what, ref, val)
+        if why is not None:
+            return why
     for layer in range(reference.num_layers):
         off = float((reference.layer_weights(layer) - fast_cap.layer_weights(layer)).abs().max())
         if not off <= TOLERANCE:
