@@ -18,6 +18,7 @@ import torch
 import attnviz
 import attnviz.interventions as interventions
 from attnviz import ablation, runtimes
+from attnviz.jobs import core_count
 from attnviz import faithfulness as fa
 
 TARGET_S = 4.0
@@ -67,11 +68,16 @@ def main(argv: list[str] | None = None) -> None:
     model = attnviz.load_model(size=args.size, device="cpu")
     cap = attnviz.capture(model, attnviz.load_photo(attnviz.photos.sample("cat"), model).image)
     rankings, _ = fa.standard_rankings(model, cap)
-    engines = {"PyTorch": model}
+    engines = {f"PyTorch ({torch.get_num_threads()} threads)": model}
     for name in filter(None, args.runtimes.split(",")):
-        fast = attnviz.fast(model, name)
-        if fast.runtime is not None and fast.runtime.blocks is not None:
-            engines[runtimes.RUNTIMES[name].LABEL] = fast
+        # The server's setting (one thread per call, as many calls at once as cores) and a notebook's (attnviz.fast's
+        # default: PyTorch's threads, one call at a time).
+        for threads in sorted({1, torch.get_num_threads()}):
+            fast = attnviz.fast(model, name, threads=threads)
+            if fast.runtime is not None and fast.runtime.blocks is not None:
+                at_once = max(1, core_count() // threads)
+                engines[f"{runtimes.RUNTIMES[name].LABEL} ({threads} thread{'s' if threads > 1 else ''} × "
+                        f"{at_once} at once)"] = fast
     forward = seconds(lambda: model.adapter.forward_batch(model.network, cap.input.expand(16, -1, -1, -1)), 2) / 16
     block = model.network.blocks[0]
     work = {}  # fill → floating-point operations of the blocks
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         inputs = fa.faithfulness(model, cap, rankings[:1], fill=fill).inputs
         inputs = 2 + (inputs - 2) * len(rankings)  # the untouched and the empty photo once, the rest per ranking
         for engine, m in engines.items():
-            if engine != "PyTorch" and fill != "token":
+            if not engine.startswith("PyTorch") and fill != "token":
                 continue  # the pixel fills run the whole network in PyTorch
             s = seconds(lambda: fa.faithfulness(m, cap, rankings, fill=fill), args.repeats)
             rows.append((f"all maps' curves, fill {fill} ({len(rankings)} rankings), {engine}", f"{inputs} inputs", s))

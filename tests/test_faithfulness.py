@@ -231,11 +231,13 @@ def test_real_model_curves_equal_the_reference(real_model, cat):
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
-def test_token_removal_on_a_runtime_equals_the_reference(runtime, tiny_classifier, tmp_path):
+def test_token_removal_on_a_runtime_equals_the_reference(runtime, tiny_classifier, tmp_path, monkeypatch):
     """attnviz.fast adds the blocks-and-head graph (any batch, any length) where it is exact; every curve
-    value computed on it agrees with the plain loop over timm's blocks."""
+    value computed on it agrees with the plain loop over timm's blocks — with one thread per call, three
+    batches run at once (as on a 3-core server), each result in its own rows."""
     pytest.importorskip(runtime)
-    model = attnviz.fast(tiny_classifier, runtime, cache=tmp_path)
+    monkeypatch.setattr(fa, "core_count", lambda: 3)
+    model = attnviz.fast(tiny_classifier, runtime, cache=tmp_path, threads=1)
     assert model.runtime is not None and model.runtime.blocks is not None
     assert list(tmp_path.glob("blocks-*.onnx"))
     cap = capture_of(model, seed=3)
@@ -259,6 +261,34 @@ def test_token_removal_on_a_runtime_equals_the_reference(runtime, tiny_classifie
         assert np.abs(curve.insertion - insertion).max() <= 1e-4
     for a, b in zip(result.curves, again.curves):
         np.testing.assert_array_equal(a.deletion, b.deletion)
+
+
+def test_a_cancelled_run_on_a_runtime_starts_no_more_batches(tiny_classifier, tmp_path, monkeypatch):
+    """The page's Cancel raises from ``progress``: batches already running finish, no other starts."""
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(fa, "core_count", lambda: 2)
+    model = attnviz.fast(tiny_classifier, "onnxruntime", cache=tmp_path, threads=1)
+    cap = capture_of(model, seed=3)
+    calls = []
+    plain = type(model.runtime).blocks_output
+
+    def counted(self, tokens):
+        calls.append(tokens.shape[1])
+        return plain(self, tokens)
+
+    class Stop(Exception):
+        pass
+
+    def stop(fraction):
+        raise Stop
+
+    monkeypatch.setattr(type(model.runtime), "blocks_output", counted)
+    with pytest.raises(Stop):
+        fa.faithfulness(model, cap, fill="token", progress=stop, batch=4)
+    cancelled = len(calls)
+    fa.faithfulness(model, cap, fill="token", batch=4)
+    whole = len(calls) - cancelled
+    assert whole >= 20 and 1 <= cancelled <= 4  # the first batch, the one beside it, at most one more each
 
 
 def test_a_blocks_graph_that_is_not_exact_leaves_token_removal_on_pytorch(tiny_classifier, tmp_path, monkeypatch, caplog):
