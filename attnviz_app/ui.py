@@ -8,7 +8,9 @@ from __future__ import annotations
 import gc
 import hashlib
 import re
+import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
@@ -320,12 +322,50 @@ def model_or_stop(settings: Settings) -> attnviz.Model:
     return model
 
 
+@dataclass(frozen=True, eq=False)
+class Recall:
+    """A run's capture and the picture its model saw, got back later — when a download button is clicked —
+    without holding them.
+
+    A session keeps what its last run left behind (a download's callable, a select box's labels) until the
+    tab closes; each holding its capture (8 MB at 196 px) and pictures, sixty open tabs held 0.5 GB. A
+    Recall holds the capture weakly, and the photo's bytes (which the session's upload holds anyway): while
+    the capture is in the server's cache it is found there, after that it is computed again, once.
+    """
+
+    model: attnviz.Model
+    key: tuple  # the capture's cache key: (model, photo digest, fit)
+    data: bytes
+    filename: str
+    captured: weakref.ref
+
+    @property
+    def fit(self) -> str:
+        return self.key[2]
+
+    def image(self) -> CheckedImage:
+        checked = checked_image(self.key[1], attnviz.photos.decode_side(self.model), self.filename,
+                                _data=self.data, _model=self.model)
+        if isinstance(checked, ImageError):  # it was usable when the page ran: the same bytes decode the same
+            raise checked
+        return checked
+
+    def capture(self) -> attnviz.Capture:
+        cap = self.captured()
+        return cap if cap is not None else cached_capture(*self.key, _model=self.model, _image=self.image())
+
+    def view(self):
+        """The S × S picture the model saw."""
+        return self.model.view(self.image().image, self.fit)
+
+
 def capture_or_stop(
     model: attnviz.Model, settings: Settings, place=None, more: Mapping[str, tuple[str, Callable]] | None = None
-) -> tuple[CheckedImage, attnviz.Capture, tuple]:
+) -> tuple[CheckedImage, attnviz.Capture, tuple, Recall]:
     """Photo input (drawn in ``place``), checks and the cached capture; a message and a stop otherwise.
 
-    Also returns the capture's cache key (model, size, photo digest, fit) for caches built on it.
+    Also returns the capture's cache key (model, size, photo digest, fit) for caches built on it, and a
+    :class:`Recall` of the capture for what is computed after the run (downloads).
     """
     with place if place is not None else st.container():
         picked = image_input(model, settings, more)
@@ -343,4 +383,4 @@ def capture_or_stop(
     key = ((*settings.key, model.size), photo_digest, settings.fit)
     with st.spinner(t("capture.running")):
         cap = cached_capture(*key, _model=model, _image=checked)
-    return checked, cap, key
+    return checked, cap, key, Recall(model, key, data, filename, weakref.ref(cap))

@@ -9,49 +9,6 @@ from attnviz_app import classroom, sources, ui, views
 from attnviz_app.text import t
 
 VIEWS = views.registered()
-present = classroom.presenting()
-classroom.chrome(present)
-settings = ui.model_settings()
-# The view chosen in the previous run (Streamlit has already applied any change): the display controls
-# it does not read are disabled, Layer and Head hidden.
-chosen_before = VIEWS.get(st.session_state.get("view"), next(iter(VIEWS.values())))
-used = chosen_before.used(st.session_state)
-unused = t("classroom.unused")
-st.sidebar.header(t("view.display"))
-alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, 0.6, 0.05, key="alpha", disabled=views.OPACITY not in used,
-                          help=None if views.OPACITY in used else unused)
-cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"),
-                            disabled=views.COLOURS not in used, help=None if views.COLOURS in used else unused)
-smooth = st.sidebar.toggle(t("view.smooth"), value=False, key="smooth", disabled=views.SMOOTH not in used,
-                           help=t("view.smooth_help") if views.SMOOTH in used else unused)
-
-if present:
-    result, panel = st.columns([3, 2], gap="medium")
-    panel.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting, type="tertiary",
-                 icon=":material/close_fullscreen:")
-    photo_place = panel.expander(t("input.source"))
-else:
-    st.title(t("app.title"))
-    st.caption(t("app.subtitle"))
-    photo_place = None
-
-model = ui.model_or_stop(settings)
-checked, cap, cap_key = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE)
-if not present:  # the controls under the photo input and its notes, the view under them
-    panel, result = st.container(), st.container()
-
-if getattr(cap, "stages", None):  # stages and windows (Swin): Stage and Block, the grid of each stage
-    from attnviz_app.views import stages
-
-    with result:
-        stages.show(model, cap, model.view(checked.image, settings.fit), alpha, cmap, smooth, classroom.narrow())
-    st.stop()
-
-heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]
-if st.session_state.get("layer", 0) > cap.num_layers or st.session_state.get("head", "mean") not in heads:
-    # a kept choice from a bigger model: start this one at its last layer, mean of heads
-    st.session_state.pop("layer", None)
-    st.session_state.pop("head", None)
 
 
 def step(key: str, options: list, by: int, default) -> None:
@@ -60,50 +17,104 @@ def step(key: str, options: list, by: int, default) -> None:
     st.session_state[key] = options[(options.index(now) + by) % len(options)] if now in options else default
 
 
-with panel, st.container(key="controls"):
+def page() -> None:
+    """The page, in a function: what one run makes (the capture, the photo, the model's view) are its locals and
+    go when it returns. As the script's globals they stayed alive with the session, through every function the
+    page left behind (a select box's labels, a download made when clicked): sixty open tabs held sixty
+    captures (docs/classroom.md, "What the server holds")."""
+    present = classroom.presenting()
+    classroom.chrome(present)
+    settings = ui.model_settings()
+    # The view chosen in the previous run (Streamlit has already applied any change): the display controls
+    # it does not read are disabled, Layer and Head hidden.
+    chosen_before = VIEWS.get(st.session_state.get("view"), next(iter(VIEWS.values())))
+    used = chosen_before.used(st.session_state)
+    unused = t("classroom.unused")
+    st.sidebar.header(t("view.display"))
+    alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, 0.6, 0.05, key="alpha", disabled=views.OPACITY not in used,
+                              help=None if views.OPACITY in used else unused)
+    cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"),
+                                disabled=views.COLOURS not in used, help=None if views.COLOURS in used else unused)
+    smooth = st.sidebar.toggle(t("view.smooth"), value=False, key="smooth", disabled=views.SMOOTH not in used,
+                               help=t("view.smooth_help") if views.SMOOTH in used else unused)
+
     if present:
-        layer_col, head_col, view_col = st.container(), st.container(), st.container()
+        result, panel = st.columns([3, 2], gap="medium")
+        panel.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting, type="tertiary",
+                     icon=":material/close_fullscreen:")
+        photo_place = panel.expander(t("input.source"))
     else:
-        layer_col, head_col, view_col = st.columns([3, 2, 2])
-    if views.LAYER in used:
-        layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, cap.num_layers, key="layer")
-    else:
-        layer = st.session_state.get("layer", cap.num_layers)
-    if views.HEAD in used:
-        head = head_col.selectbox(
-            t("view.head"), heads, key="head", placeholder=t("classroom.choose"),
-            format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h),
+        st.title(t("app.title"))
+        st.caption(t("app.subtitle"))
+        photo_place = None
+
+    model = ui.model_or_stop(settings)
+    checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE)
+    if not present:  # the controls under the photo input and its notes, the view under them
+        panel, result = st.container(), st.container()
+
+    if getattr(cap, "stages", None):  # stages and windows (Swin): Stage and Block, the grid of each stage
+        from attnviz_app.views import stages
+
+        with result:
+            stages.show(model, cap, model.view(checked.image, settings.fit), alpha, cmap, smooth, classroom.narrow(),
+                            recall)
+        st.stop()
+
+    heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]
+    if st.session_state.get("layer", 0) > cap.num_layers or st.session_state.get("head", "mean") not in heads:
+        # a kept choice from a bigger model: start this one at its last layer, mean of heads
+        st.session_state.pop("layer", None)
+        st.session_state.pop("head", None)
+
+
+    with panel, st.container(key="controls"):
+        if present:
+            layer_col, head_col, view_col = st.container(), st.container(), st.container()
+        else:
+            layer_col, head_col, view_col = st.columns([3, 2, 2])
+        if views.LAYER in used:
+            layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, cap.num_layers, key="layer")
+        else:
+            layer = st.session_state.get("layer", cap.num_layers)
+        if views.HEAD in used:
+            head = head_col.selectbox(
+                t("view.head"), heads, key="head", placeholder=t("classroom.choose"),
+                format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h),
+            )
+        else:
+            head = st.session_state.get("head", "mean")
+        if present and used & {views.LAYER, views.HEAD}:  # big buttons; ←/→ and ↑/↓ press them (shortcuts)
+            buttons = st.columns(4)
+            layers = list(range(1, cap.num_layers + 1))
+            for column, key, label, by, needs, shortcut in (
+                (buttons[0], "layer_prev", "classroom.layer_prev", -1, views.LAYER, "Left"),
+                (buttons[1], "layer_next", "classroom.layer_next", 1, views.LAYER, "Right"),
+                (buttons[2], "head_prev", "classroom.head_prev", -1, views.HEAD, "Up"),
+                (buttons[3], "head_next", "classroom.head_next", 1, views.HEAD, "Down"),
+            ):
+                if needs in used:
+                    args = ("layer", layers, by, cap.num_layers) if needs == views.LAYER else ("head", heads, by, "mean")
+                    column.button(t(label), key=key, on_click=step, args=args, width="stretch", shortcut=shortcut)
+        chosen = view_col.selectbox(
+            t("views.choose"), list(VIEWS), key="view", placeholder=t("classroom.choose"),
+            format_func=lambda v: t(f"views.{v}") + (t("classroom.classifier_only") if VIEWS[v].needs_classifier
+                                                    and model.labels is None else ""),
         )
-    else:
-        head = st.session_state.get("head", "mean")
-    if present and used & {views.LAYER, views.HEAD}:  # big buttons; ←/→ and ↑/↓ press them (shortcuts)
-        buttons = st.columns(4)
-        layers = list(range(1, cap.num_layers + 1))
-        for column, key, label, by, needs, shortcut in (
-            (buttons[0], "layer_prev", "classroom.layer_prev", -1, views.LAYER, "Left"),
-            (buttons[1], "layer_next", "classroom.layer_next", 1, views.LAYER, "Right"),
-            (buttons[2], "head_prev", "classroom.head_prev", -1, views.HEAD, "Up"),
-            (buttons[3], "head_next", "classroom.head_next", 1, views.HEAD, "Down"),
-        ):
-            if needs in used:
-                args = ("layer", layers, by, cap.num_layers) if needs == views.LAYER else ("head", heads, by, "mean")
-                column.button(t(label), key=key, on_click=step, args=args, width="stretch", shortcut=shortcut)
-    chosen = view_col.selectbox(
-        t("views.choose"), list(VIEWS), key="view", placeholder=t("classroom.choose"),
-        format_func=lambda v: t(f"views.{v}") + (t("classroom.classifier_only") if VIEWS[v].needs_classifier
-                                                and model.labels is None else ""),
-    )
-    if not used & {views.LAYER, views.HEAD}:
-        st.caption(t("classroom.no_layer_head"))
+        if not used & {views.LAYER, views.HEAD}:
+            st.caption(t("classroom.no_layer_head"))
 
-with result, st.container(key="result"):
-    VIEWS[chosen].show(views.Context(
-        model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
-        head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,
-        cap_key=cap_key, present=present, narrow=classroom.narrow(),
-    ))
-classroom.bring_into_view(f"{cap_key[1]}:{chosen}:{present}")
+    with result, st.container(key="result"):
+        VIEWS[chosen].show(views.Context(
+            model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
+            head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,
+            cap_key=cap_key, present=present, narrow=classroom.narrow(), recall=recall,
+        ))
+    classroom.bring_into_view(f"{cap_key[1]}:{chosen}:{present}")
 
-if present:
-    with panel:
-        classroom.join_box()
+    if present:
+        with panel:
+            classroom.join_box()
+
+
+page()

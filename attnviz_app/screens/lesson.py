@@ -405,36 +405,41 @@ def all_maps(model: Model, cap: Capture, key: tuple) -> None:
 
 # --- The page ----------------------------------------------------------------------------------
 
-classroom.chrome(present=False)
-settings = ui.model_settings()
+def page() -> None:
+    """The page, in a function, as Explore's: the run's capture and pictures go when it returns."""
+    classroom.chrome(present=False)
+    settings = ui.model_settings()
 
-st.title(t("lesson.title"))
-st.caption(t("lesson.subtitle"))
+    st.title(t("lesson.title"))
+    st.caption(t("lesson.subtitle"))
 
-model = ui.model_or_stop(settings)
-photo_col, choice_col = st.columns([1, 3])
-checked, cap, cap_key = ui.capture_or_stop(model, settings, place=choice_col, more=sources.MORE)
-view = model.view(checked.image, settings.fit)
-photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]))
-with choice_col:
-    layer_col, head_col = st.columns(2)
-    layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, cap.num_layers, key="lesson_layer") - 1
-    head = remembered_choice(head_col.selectbox, t("lesson.head"), list(range(cap.num_heads)), key="lesson_head",
-                             format_func=lambda h: t("lesson.head_n", n=h + 1))
+    model = ui.model_or_stop(settings)
+    photo_col, choice_col = st.columns([1, 3])
+    checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=choice_col, more=sources.MORE)
+    view = model.view(checked.image, settings.fit)
+    photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]))
+    with choice_col:
+        layer_col, head_col = st.columns(2)
+        layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, cap.num_layers, key="lesson_layer") - 1
+        head = remembered_choice(head_col.selectbox, t("lesson.head"), list(range(cap.num_heads)), key="lesson_head",
+                                 format_func=lambda h: t("lesson.head_n", n=h + 1))
 
-tabs = st.tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
-with tabs[0]:
-    step_qkv(model, cap, layer, head)
-with tabs[1]:
-    step_by_hand()
-with tabs[2]:
-    step_scale()
-with tabs[3]:
-    step_pair(model, cap, view, layer, head)
-with tabs[4]:
-    step_heads(cap, view, layer)
-with tabs[5]:
-    step_cost(model)
-with tabs[6]:
-    step_not_explanation(model, cap, cap_key, layer)
-    all_maps(model, cap, cap_key)  # every map on this photo, whether or not the test above was run
+    tabs = st.tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
+    with tabs[0]:
+        step_qkv(model, cap, layer, head)
+    with tabs[1]:
+        step_by_hand()
+    with tabs[2]:
+        step_scale()
+    with tabs[3]:
+        step_pair(model, cap, view, layer, head)
+    with tabs[4]:
+        step_heads(cap, view, layer)
+    with tabs[5]:
+        step_cost(model)
+    with tabs[6]:
+        step_not_explanation(model, cap, cap_key, layer)
+        all_maps(model, cap, cap_key)  # every map on this photo, whether or not the test above was run
+
+
+page()

@@ -9,6 +9,7 @@ something").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass
 
 from PIL import Image
@@ -35,6 +36,17 @@ class Context:
     cap_key: tuple = ()  # the capture's cache key (model, photo, fit): shared heavy jobs are keyed by it
     present: bool = False  # presenter view: the picture large, side panels left out
     narrow: bool = False  # a phone: clickable charts drawn to fit a 358 px column
+    # The capture and the view got back when a download is clicked (attnviz_app.ui.Recall); None (tests, a
+    # notebook): held as they are.
+    recall: Any = None
+
+    def later(self) -> tuple[Callable[[], Capture], Callable[[], Image.Image]]:
+        """Functions that give the capture and the view when called — after the run, e.g. as a download is
+        built — without holding them (a session keeps its downloads' functions until its tab closes)."""
+        if self.recall is not None:
+            return self.recall.capture, self.recall.view
+        cap, view = self.cap, self.view
+        return (lambda: cap), (lambda: view)
 
 
 @dataclass(frozen=True)

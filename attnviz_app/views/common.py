@@ -81,11 +81,12 @@ def download_figure(ctx, views: tuple[str, ...], layers: tuple[int, ...], heads:
     from attnviz import figure, i18n
 
     lang = st.session_state.get("lang") or i18n.DEFAULT
-    cap = ctx.cap
+    capture, view = ctx.later()  # the buttons' functions outlive the run: they must not hold the capture
+    cmap, alpha = ctx.cmap, ctx.alpha
 
     def build(format: str):
-        return lambda: figure.figure_bytes(cap, format, layers=layers, heads=heads, views=views, picture=ctx.view,
-                                           cmap=ctx.cmap, alpha=ctx.alpha, lang=lang, rollout=rollout)
+        return lambda: figure.figure_bytes(capture(), format, layers=layers, heads=heads, views=views, picture=view(),
+                                           cmap=cmap, alpha=alpha, lang=lang, rollout=rollout)
 
     _vector_buttons(build, stem, key, t("figure.download_help"))
 

@@ -19,7 +19,7 @@ def _ticks(cap) -> tuple[list[float], list[str], list[float]]:
     """Tick positions and labels (the prefix block, then the centre of every k-th patch row) and the
     boundaries between patch rows. Labels closer than ~14 px to the prefix block are left out."""
     h, w = cap.grid
-    prefix, n = cap.num_prefix_tokens, cap.num_tokens
+    prefix, n, grid = cap.num_prefix_tokens, cap.num_tokens, cap.grid  # the widgets' functions hold these, not cap
     first = t("analysis.cls_token") if prefix == 1 else t("analysis.matrix.prefix_tick", k=prefix - 1)
     at, labels = [(prefix - 1) / 2], [first]
     step = max(1, -(-h // MAX_TICKS))
@@ -76,14 +76,14 @@ def npz_bytes(cap, model=None) -> bytes:
 
 def show(ctx: Context) -> None:
     cap = ctx.cap
-    prefix, n = cap.num_prefix_tokens, cap.num_tokens
+    prefix, n, grid = cap.num_prefix_tokens, cap.num_tokens, cap.grid  # the widgets' functions hold these, not cap
     st.subheader(t("analysis.matrix.title", layer=ctx.layer + 1, head=head_label(ctx.head), n=n))
     pick, scale = st.columns([3, 2])
     st.session_state["matrix_query"] = current_query(cap)  # follows the query view's choice
     query = pick.selectbox(
         t("analysis.matrix.query"), range(n), key="matrix_query", placeholder=t("classroom.choose"),
-        format_func=lambda i: token_label(i, prefix, cap.grid),
-        on_change=lambda: set_query(cap, st.session_state["matrix_query"]),
+        format_func=lambda i: token_label(i, prefix, grid),
+        on_change=lambda: set_query(prefix, grid, st.session_state["matrix_query"]),
     )
     log = scale.toggle(t("analysis.matrix.log"), value=True, key="matrix_log", help=t("analysis.matrix.log_help"))
     weights = cap.weights(ctx.layer, ctx.head)  # (N, N)
@@ -91,8 +91,10 @@ def show(ctx: Context) -> None:
     st.image(png, caption=t("analysis.matrix.caption"))
     download_file(png, f"matrix_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_matrix")
 
+    capture, _ = ctx.later()
+    model = ctx.model
     download_file(
-        lambda: npz_bytes(cap, ctx.model), "attention_capture.npz", key="download_npz", mime="application/octet-stream",
+        lambda: npz_bytes(capture(), model), "attention_capture.npz", key="download_npz", mime="application/octet-stream",
         label=t("analysis.download_npz"), help=t("analysis.npz_help"),
     )
 

@@ -207,7 +207,7 @@ def show(ctx: Context) -> None:
     query = st.session_state.get("qk_query", 0)
     query = query if isinstance(query, int) and 0 <= query < cap.num_tokens else 0
     if st.session_state.pop("qk_query_set", False):
-        set_query(cap, query)  # the Query view's query from now on
+        set_query(cap.num_prefix_tokens, cap.grid, query)  # the Query view's query from now on
     if colour in ("row", "column"):
         values = values + 1  # counted from 1, as the page counts rows and columns
     colour_title = t(f"qkmap.colour_{colour}")

@@ -26,13 +26,14 @@ def current_query(cap) -> int:
     return kind if isinstance(kind, int) and 0 <= kind < cap.num_prefix_tokens else 0
 
 
-def set_query(cap, token: int) -> None:
-    """Make ``token`` the session's query (a prefix token by index, a patch by grid position)."""
-    if token < cap.num_prefix_tokens:
+def set_query(prefix: int, grid: tuple[int, int], token: int) -> None:
+    """Make ``token`` the session's query (a prefix token by index, a patch by grid position) for a capture with
+    ``prefix`` prefix tokens on a ``grid`` of patches."""
+    if token < prefix:
         st.session_state["query_token"] = token
     else:
         st.session_state["query_token"] = PATCH
-        st.session_state["query_patch"] = divmod(token - cap.num_prefix_tokens, cap.grid[1])
+        st.session_state["query_patch"] = divmod(token - prefix, grid[1])
 
 
 def _clicked() -> None:
@@ -56,7 +57,7 @@ def show(ctx: Context) -> None:
         st.selectbox(
             t("analysis.query.token"), options, key="query_token", help=t("analysis.query.help"),
             placeholder=t("classroom.choose"),
-            format_func=lambda o: t("analysis.query.patch_option") if o == PATCH else token_label(o, prefix, cap.grid),
+            format_func=lambda o: t("analysis.query.patch_option") if o == PATCH else token_label(o, prefix, (h, w)),
         )
     query = current_query(cap)
     row = cap.row(ctx.layer, ctx.head, query)  # (N,)

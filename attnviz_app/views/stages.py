@@ -119,14 +119,16 @@ def matrix(cap, layer: int, head, cmap: str, names: dict, stage: int, block: int
     download_file(png, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_matrix.png", key="download_stage_matrix")
 
 
-def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool = False) -> None:
+def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool = False, recall=None) -> None:
+    """The Stage view; ``recall`` (:class:`attnviz_app.ui.Recall`) gives its downloads the capture when clicked."""
     stages = cap.stages
     st.info(intro(model, cap))
     stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
+    stage_labels = [t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0], w=cap.grid(stages[s][0])[1],
+                      patch=cap.layout(stages[s][0]).patch) for s in range(len(stages))]  # the box keeps these, not cap
     stage = stage_col.selectbox(
         t("stages.stage"), list(range(len(stages))), index=len(stages) - 1, key="stage",
-        format_func=lambda s: t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0],
-                                w=cap.grid(stages[s][0])[1], patch=cap.layout(stages[s][0]).patch))
+        format_func=stage_labels.__getitem__)
     blocks = stages[stage]
     # one Block box per stage: each stage keeps its own choice, and its labels (which blocks are shifted)
     # are never those of another stage's box
@@ -134,8 +136,9 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
     kept = st.session_state.get(key, len(blocks) - 1)
     if not isinstance(kept, int) or not 0 <= kept < len(blocks):  # kept from another model
         st.session_state[key] = len(blocks) - 1
+    labels = [block_label(cap.layout(blocks[b]), b + 1) for b in range(len(blocks))]  # the box keeps these, not cap
     block = block_col.selectbox(t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key=key,
-                                format_func=lambda b: block_label(cap.layout(blocks[b]), b + 1))
+                                format_func=labels.__getitem__)
     layer = blocks[block]
     lay = cap.layout(layer)
     heads = [*HEAD_FUSIONS, *range(1, lay.num_heads + 1)]
@@ -197,5 +200,6 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
             st.markdown(t("stages.top_weight", top=float(np.max(grid_map))))
         download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
                      key="download_stage_query")
-    files(model, cap, view, "mean", alpha, cmap)  # every (stage, block) as the interactive page and the GIF
+    later = (recall.capture, recall.view) if recall is not None else ((lambda: cap), (lambda: view))
+    files(model, cap, "mean", alpha, cmap, later)  # every (stage, block) as the interactive page and the GIF
     st.caption(t("stages.not_drawn"))

@@ -1,0 +1,50 @@
+"""What a browser session keeps after its run: no capture (a class's sixty open tabs held one each, 0.5 GB of the
+server), and downloads that still get theirs back when clicked (attnviz_app.ui.Recall)."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import attnviz
+from attnviz_app import ui
+from conftest import APP
+
+
+def alive_captures() -> list[attnviz.Capture]:
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, attnviz.Capture)]
+
+
+@pytest.mark.parametrize("view", ["cls", "matrix", "query", "rollout", "qkmap"])
+def test_a_finished_run_leaves_no_capture_but_the_caches(view):
+    at = AppTest.from_file(str(APP), default_timeout=180).run()
+    if view != "cls":
+        at.selectbox(key="view").set_value(view).run()
+    assert not at.exception and not at.error
+    assert alive_captures(), "the page's capture is in the server's cache"
+    ui.cached_capture.clear()
+    assert alive_captures() == []  # nothing of the session (widgets' functions, downloads) holds one
+
+
+def test_a_recall_finds_the_cached_capture_and_computes_it_again_once_it_is_gone(real_model):
+    data = attnviz.photos.sample("cat").read_bytes()
+    key = (("offline", real_model.size), ui.digest(data), "crop")
+    checked = ui.checked_image(key[1], attnviz.photos.decode_side(real_model), "cat.jpg", _data=data, _model=real_model)
+    cap = ui.cached_capture(*key, _model=real_model, _image=checked)
+    recall = ui.Recall(real_model, key, data, "cat.jpg", weakref.ref(cap))
+    assert recall.capture() is cap
+    layer = cap.layer_weights(11).numpy()
+    del cap, checked
+    ui.cached_capture.clear()
+    ui.checked_image.clear()
+    gc.collect()
+    assert recall.captured() is None
+    again = recall.capture()  # what a download clicked now gets: the same numbers, computed again
+    reference = attnviz.capture(real_model, attnviz.read_photo(data, real_model).image)
+    np.testing.assert_array_equal(again.layer_weights(11).numpy(), layer)
+    np.testing.assert_allclose(again.layer_weights(11).numpy(), reference.layer_weights(11).numpy(), atol=1e-6)
+    assert recall.view().size == (real_model.size, real_model.size)
