@@ -21,7 +21,7 @@ run in batches.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
@@ -234,7 +234,7 @@ def outputs(model: Model, x: torch.Tensor, removed: np.ndarray, fill: Fill, batc
     if fill == "token":
         network, prefix = model.network, model.num_prefix_tokens
         tokens = interventions.embed(network, x)  # (1, N, D): embedded once, then patches dropped
-        runtime = model.runtime if model.runtime is not None and model.runtime.blocks is not None else None
+        runtime = model.runtime if model.runtime is not None and model.runtime.removal() is not None else None
         kept_count = (~removed).sum(1)
         chunks = [rows[start:start + batch]  # rows of one length form a batch; the longest first
                   for count in np.unique(kept_count)[::-1] for rows in [np.flatnonzero(kept_count == count)]
@@ -244,23 +244,31 @@ def outputs(model: Model, x: torch.Tensor, removed: np.ndarray, fill: Fill, batc
         def run(chunk: np.ndarray) -> torch.Tensor:
             kept = torch.as_tensor(np.stack([np.flatnonzero(~removed[r]) for r in chunk]))  # (b, k)
             t = interventions.keep_tokens(tokens.expand(chunk.size, -1, -1), prefix, kept)
-            if runtime is not None:  # the same blocks and head, checked exact when attnviz.fast switched it on
+            if runtime is not None:  # the same blocks and head, checked exact against PyTorch on first use
                 return runtime.blocks_output(t)  # (b, C)
             return interventions.readout(network, interventions.run_blocks(network, t, for_readout=True))
 
-        # A runtime of one thread per call runs as many batches at once as the cores hold (its calls release
-        # the GIL): on 2 cores, two 1-thread calls side by side beat one 2-thread call (bench.faithfulness).
-        workers = 1 if runtime is None else max(1, core_count() // runtime.threads)
+        # The runtime's graph runs one thread per call, as many batches at once as the cores hold (its calls
+        # release the GIL): on 2 cores, two 1-thread calls side by side beat one 2-thread call (bench.faithfulness).
+        workers = 1 if runtime is None else core_count()
         with ThreadPoolExecutor(workers, thread_name_prefix="attnviz-removal") as pool:
-            try:
-                for chunk, out in zip(chunks, pool.map(run, chunks) if workers > 1 else map(run, chunks)):
-                    for r, o in zip(chunk, out):
+            waiting, running = iter(chunks), {}
+
+            def submit() -> None:
+                chunk = next(waiting, None)
+                if chunk is not None:
+                    running[pool.submit(run, chunk)] = chunk
+
+            for _ in range(workers):
+                submit()
+            while running:  # at most `workers` batches in flight: a cancel waits for those alone
+                for future in wait(running, return_when=FIRST_COMPLETED).done:
+                    chunk = running.pop(future)
+                    submit()
+                    for r, o in zip(chunk, future.result()):
                         results[r] = o
                     if progress is not None:
-                        progress(chunk.size)  # may raise (the page's cancel): the batches not started are dropped
-            except BaseException:
-                pool.shutdown(cancel_futures=True)
-                raise
+                        progress(chunk.size)  # may raise (the page's cancel): no other batch starts
     else:
         filled = fill_image(x, fill, patch)
         for start in range(0, removed.shape[0], batch):

@@ -70,14 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     rankings, _ = fa.standard_rankings(model, cap)
     engines = {f"PyTorch ({torch.get_num_threads()} threads)": model}
     for name in filter(None, args.runtimes.split(",")):
-        # The server's setting (one thread per call, as many calls at once as cores) and a notebook's (attnviz.fast's
-        # default: PyTorch's threads, one call at a time).
-        for threads in sorted({1, torch.get_num_threads()}):
-            fast = attnviz.fast(model, name, threads=threads)
-            if fast.runtime is not None and fast.runtime.blocks is not None:
-                at_once = max(1, core_count() // threads)
-                engines[f"{runtimes.RUNTIMES[name].LABEL} ({threads} thread{'s' if threads > 1 else ''} × "
-                        f"{at_once} at once)"] = fast
+        fast = attnviz.fast(model, name)
+        if fast.runtime is not None and fast.runtime.removal() is not None:  # one thread per call, one call per core
+            engines[f"{runtimes.RUNTIMES[name].LABEL} (1 thread × {core_count()} at once)"] = fast
     forward = seconds(lambda: model.adapter.forward_batch(model.network, cap.input.expand(16, -1, -1, -1)), 2) / 16
     block = model.network.blocks[0]
     work = {}  # fill → floating-point operations of the blocks

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -66,8 +67,8 @@ class Runtime:
     threads: int
     run: Callable[[np.ndarray], list[np.ndarray]] = dataclasses.field(repr=False)
     # The blocks and head alone, on token sequences of any batch and length (the token-removal runs of
-    # attnviz.faithfulness); None where the model is not a plain timm ViT or that graph was not exact.
-    blocks: Callable[[np.ndarray], list[np.ndarray]] | None = dataclasses.field(default=None, repr=False)
+    # attnviz.faithfulness), started on first use; None where the model is not a plain timm ViT.
+    blocks: Removal | None = dataclasses.field(default=None, repr=False)
 
     def forward(self, x: torch.Tensor) -> Outputs:
         """(1, 3, S, S) float32 → the capture's output, q, k and token norms."""
@@ -75,10 +76,15 @@ class Runtime:
         output, query, key, norms = (torch.from_numpy(np.asarray(a)) for a in out)
         return Outputs(output, query, key, norms)
 
+    def removal(self) -> Callable[[np.ndarray], list[np.ndarray]] | None:
+        """The blocks-and-head graph, started (and checked exact) on the first call; None where it is not exact
+        or this model has none: token removal then runs on PyTorch."""
+        return self.blocks.start() if self.blocks is not None else None
+
     def blocks_output(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, n, D) float32 token sequences → (B, C): what ``readout(run_blocks(tokens))`` gives in PyTorch."""
-        return torch.from_numpy(np.asarray(self.blocks(np.ascontiguousarray(tokens.detach().cpu().numpy(),
-                                                                             dtype=np.float32))[0]))
+        """(B, n, D) float32 token sequences → (B, C): what ``readout(run_blocks(tokens))`` gives in PyTorch (on
+        a runtime whose :meth:`removal` is not None)."""
+        return blocks_output(self.removal(), tokens)
 
     def __repr__(self) -> str:
         return f"Runtime({self.name!r}, {self.threads} thread{'s' if self.threads != 1 else ''})"
@@ -122,35 +128,56 @@ def fast(
     if why is not None:
         log.warning("%s stays on PyTorch: on %s %s", model.name, runtime, why)
         return base
-    candidate = with_blocks(base, candidate, backend, Path(cache) if cache is not None else default_cache())
+    from .. import interventions
+
+    if interventions.refusal(base) is None:  # a plain timm ViT: token removal can run on the runtime too
+        candidate = dataclasses.replace(candidate, blocks=Removal(
+            base, runtime, Path(cache) if cache is not None else default_cache()))
     log.info("%s captures on %s (checked exact in %.1f s)%s", model.name, runtime, time.perf_counter() - start,
-             "; token removal too" if candidate.blocks is not None else "")
+             "; token removal too, checked on first use" if candidate.blocks is not None else "")
     return dataclasses.replace(model, runtime=candidate)
 
 
-def with_blocks(model: Model, runtime: Runtime, backend, cache: Path) -> Runtime:
-    """``runtime`` with the blocks-and-head graph for token removal, where ``model`` is a plain timm ViT and
-    that graph equals PyTorch on the probe (every row, full and shortened sequences, a batch); else as it was."""
-    from .. import interventions
+class Removal:
+    """The blocks and head alone, on token sequences of any batch and length — the token-removal runs of
+    :mod:`attnviz.faithfulness` — exported, started and checked exact on first use: the graph holds 0.27 GB
+    (ONNX Runtime) to 0.48 GB (OpenVINO) once it has run its batches, which a server whose visitors never ask
+    for the curves should not pay. It runs one thread per call, and :func:`attnviz.faithfulness.outputs` makes
+    as many calls at once as there are cores (on 2 cores two 1-thread calls beat one 2-thread call)."""
 
-    if interventions.refusal(model) is not None:
-        return runtime
-    try:
-        path = graph.exported(model, cache, "blocks")
-        candidate = dataclasses.replace(runtime, blocks=backend.start(path, runtime.threads))
-        why = blocks_mismatch(model, candidate)
-    except Exception as e:  # noqa: BLE001 — as in fast(): the capture runtime stays, token removal runs on PyTorch
-        why = failed(e)
-    if why is not None:
-        log.warning("%s removes tokens on PyTorch: on %s %s", model.name, runtime.name, why)
-        return runtime
-    return candidate
+    def __init__(self, model: Model, name: str, cache: Path) -> None:
+        self._model, self._name, self._cache = model, name, cache
+        self._lock = threading.Lock()
+        self._run: Callable[[np.ndarray], list[np.ndarray]] | None = None
+        self._why: str | None = None
+
+    def start(self) -> Callable[[np.ndarray], list[np.ndarray]] | None:
+        """The graph's function where it equals PyTorch on the probe, else None (with one line in the log, once)."""
+        with self._lock:
+            if self._run is None and self._why is None:
+                try:
+                    path = graph.exported(self._model, self._cache, "blocks")
+                    run = RUNTIMES[self._name].start(path, 1, batches=True)
+                    self._why = blocks_mismatch(self._model, run)
+                except Exception as e:  # noqa: BLE001 — as in fast(): token removal then runs on PyTorch
+                    self._why = failed(e)
+                if self._why is None:
+                    self._run = run
+                else:
+                    log.warning("%s removes tokens on PyTorch: on %s %s", self._model.name, self._name, self._why)
+            return self._run
+
+
+def blocks_output(run: Callable[[np.ndarray], list[np.ndarray]], tokens: torch.Tensor) -> torch.Tensor:
+    """(B, n, D) float32 token sequences → (B, C) through the blocks-and-head graph's function ``run``."""
+    return torch.from_numpy(np.asarray(run(np.ascontiguousarray(tokens.detach().cpu().numpy(), dtype=np.float32))[0]))
 
 
 @torch.inference_mode()
-def blocks_mismatch(model: Model, runtime: Runtime) -> str | None:
-    """Why ``runtime.blocks`` is not PyTorch's blocks and head on the probe, or None when it is: the whole
-    sequence, and a batch of two sequences that keep the prefix and every other patch (another length)."""
+def blocks_mismatch(model: Model, run: Callable[[np.ndarray], list[np.ndarray]]) -> str | None:
+    """Why the blocks-and-head graph's function ``run`` is not PyTorch's blocks and head on the probe, or None
+    when it is: the whole sequence, and a batch of two sequences that keep the prefix and every other patch
+    (another length)."""
     from .. import interventions
 
     network, prefix = model.network, model.num_prefix_tokens
@@ -160,7 +187,7 @@ def blocks_mismatch(model: Model, runtime: Runtime) -> str | None:
     kept = torch.stack([torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2)])  # (2, half): even, odd patches
     for t in (tokens, interventions.keep_tokens(tokens.expand(2, -1, -1), prefix, kept)):
         reference = interventions.readout(network, interventions.run_blocks(network, t))
-        got = runtime.blocks_output(t)
+        got = blocks_output(run, t)
         why = differs(f"the blocks' output on {t.shape[1]} tokens differs", reference, got)
         if why is not None:
             return why

@@ -11,8 +11,9 @@ NAME = "onnxruntime"
 PACKAGE = "onnxruntime"
 
 
-def start(path: Path, threads: int) -> Callable[[np.ndarray], list[np.ndarray]]:
-    """A function (1, 3, S, S) float32 → the graph's outputs, on ``threads`` CPU threads."""
+def start(path: Path, threads: int, batches: bool = False) -> Callable[[np.ndarray], list[np.ndarray]]:
+    """A function (1, 3, S, S) float32 → the graph's outputs, on ``threads`` CPU threads. ``batches``: a graph
+    run on batches of sequences of many lengths (token removal), which keeps ONNX Runtime's memory arena."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -24,8 +25,9 @@ def start(path: Path, threads: int) -> Callable[[np.ndarray], list[np.ndarray]]:
     # Memory a server can hold for a class: ONNX Runtime's own arena grows to the peak of every concurrent call
     # and keeps it (+396 MB after 12 captures at once at 196 px, against +108 MB through malloc, which the
     # server trims), and pre-packed weights are a second copy of every matrix (+54 MB), for no measured speed.
-    options.enable_cpu_mem_arena = False
-    options.add_session_config_entry("session.disable_prepacking", "1")
+    # Token removal's batches are another matter (all maps' curves took 8.4 s without either): they keep both.
+    options.enable_cpu_mem_arena = batches
+    options.add_session_config_entry("session.disable_prepacking", "0" if batches else "1")
     options.log_severity_level = 3  # errors only: its warnings about unused initializers are noise
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return lambda x: session.run(None, {"input": x})

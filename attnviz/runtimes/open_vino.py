@@ -28,8 +28,9 @@ PACKAGE = "openvino"
 
 
 @functools.lru_cache(maxsize=8)
-def start(path: Path, threads: int) -> Callable[[np.ndarray], list[np.ndarray]]:
-    """A function (1, 3, S, S) float32 → the graph's outputs, on ``threads`` CPU threads."""
+def start(path: Path, threads: int, batches: bool = False) -> Callable[[np.ndarray], list[np.ndarray]]:
+    """A function (1, 3, S, S) float32 → the graph's outputs, on ``threads`` CPU threads (``batches``: the
+    token-removal graph; OpenVINO runs both kinds alike)."""
     import openvino as ov
 
     streams = max(1, core_count() // threads)  # one thread per forward pass on 2 cores: 2 streams of 1 thread
