@@ -242,7 +242,7 @@ class LiveProcessor:
         if self._threads is not None:
             torch.set_num_threads(self._threads)  # OpenMP's setting is per thread: other captures keep theirs
         if self._priority is not None:
-            turn = functools.partial(self._priority.background, ready=self._ready)
+            turn = functools.partial(self._priority.background, ready=self._ready, stream=self)
         else:
             turn = contextlib.nullcontext
         while True:

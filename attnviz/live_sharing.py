@@ -32,6 +32,7 @@ IDLE_S = 30.0  # a stream whose camera sent nothing for this long has ended (its
 GRACE_S = 0.7  # after a photo's capture its page still draws and sends the views: live frames wait that long
 PATIENCE_S = 2.0  # the longest a live frame waits for page work, so a busy server still updates the stream
 READY_POLL_S = 0.05  # how often a waiting live frame asks ``ready()`` again
+ALONE_S = 1.0  # a stream that asked for no turn this long is not counted: another stream is alone
 
 
 class StreamSlots:
@@ -83,23 +84,26 @@ class StreamSlots:
 class Priority:
     """Who computes first in one server process: page work before live frames, live frames in turn.
 
-    ``foreground()`` wraps page work (a visitor's photo being decoded and captured). ``background()``
+    ``foreground()`` wraps page work (a visitor's photo being decoded and captured). ``background(stream=…)``
     wraps one live frame: it waits until no page work has run for ``grace_s`` seconds and ``ready()``
-    (when given) says the server keeps up (together at most ``patience_s``), then for one of
-    ``background`` turns, given in the order they were asked for — so
-    streams share the live compute evenly, and at most ``background`` frames compete with the rest of the
-    server for the GIL (on two cores one frame at a time gives the streams as many heatmaps per second
-    as three at once, and uploads wait less: docs/live-camera.md).
+    (when given) says the server keeps up (together at most ``patience_s``), then for a turn, given in the
+    order they were asked for, so streams share the live compute evenly. There are ``background`` turns
+    while several streams ask, so that at most that many frames compete with the rest of the server (one,
+    on two cores: a photo uploaded beside three streams then waits least), and ``alone`` turns while only one
+    stream has asked in the last ``ALONE_S`` seconds: a lone viewer's frames use both cores (a forward pass
+    on a runtime releases Python's GIL; docs/live-camera.md).
     """
 
     def __init__(self, background: int = 1, grace_s: float = GRACE_S, patience_s: float = PATIENCE_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, alone: int | None = None):
         self.turns = max(1, background)
+        self.alone = max(self.turns, alone or 0)  # the most frames at once: a lone stream's workers
         self._grace_s, self._patience_s, self._clock = grace_s, patience_s, clock
         self._changed = threading.Condition()
         self._foreground = 0  # page work running now
         self._ended = -float("inf")  # when the last page work ended (clock time)
-        self._free = self.turns  # live-frame turns free now
+        self._running = 0  # live frames computing now
+        self._asked: dict[Hashable, float] = {}  # stream → when it last asked for a turn
         self._queue: collections.deque[threading.Event] = collections.deque()  # live frames waiting, oldest first
 
     @contextlib.contextmanager
@@ -121,16 +125,24 @@ class Priority:
             return self._foreground > 0 or self._clock() - self._ended < self._grace_s
 
     @contextlib.contextmanager
-    def background(self, ready: Callable[[], bool] | None = None) -> Iterator[None]:
+    def background(self, ready: Callable[[], bool] | None = None, stream: Hashable = None) -> Iterator[None]:
         deadline = self._clock() + self._patience_s
         self._wait_for_quiet(deadline)
         while ready is not None and not ready() and self._clock() < deadline:
             time.sleep(READY_POLL_S)
-        self._take_turn()
+        self._take_turn(stream)
         try:
             yield
         finally:
             self._give_turn()
+
+    def _turns_now(self) -> int:
+        """How many frames may compute at once now (the lock held): ``alone`` while one stream asks, else ``turns``."""
+        now = self._clock()
+        for stream, when in list(self._asked.items()):
+            if now - when > ALONE_S:
+                del self._asked[stream]
+        return self.alone if len(self._asked) <= 1 else self.turns
 
     def pause_point(self) -> Callable[[], None]:
         """For one live frame already running: a function to call between its layers
@@ -149,10 +161,11 @@ class Priority:
                     return
                 self._changed.wait(min(quiet_in, deadline - now))
 
-    def _take_turn(self) -> None:
+    def _take_turn(self, stream: Hashable) -> None:
         with self._changed:
-            if self._free > 0 and not self._queue:
-                self._free -= 1
+            self._asked[stream] = self._clock()
+            if self._running < self._turns_now() and not self._queue:
+                self._running += 1
                 return
             turn = threading.Event()
             self._queue.append(turn)
@@ -160,10 +173,10 @@ class Priority:
 
     def _give_turn(self) -> None:
         with self._changed:
-            if self._queue:
+            self._running -= 1
+            while self._queue and self._running < self._turns_now():
+                self._running += 1
                 self._queue.popleft().set()
-            else:
-                self._free += 1
 
 
 def lower_priority(nice: int) -> None:

@@ -134,7 +134,7 @@ def make_processor(shared: StreamSlots, owner: str, first: LiveSettings, order: 
     dark = placeholder(first.model)
     made = shared.open(owner, lambda: LiveProcessor(
         first, encode=to_video_frame, placeholder=dark, nice=LIVE_NICE, priority=order, ready=loop_keeps_up,
-        workers=order.turns,  # a lone stream may use every turn: two frames at once on two cores
+        workers=order.alone,  # a lone stream may use a turn per core
     ))
     return made or LiveProcessor(first, encode=to_video_frame, placeholder=dark, workers=0)
 

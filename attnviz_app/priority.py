@@ -2,9 +2,9 @@
 
 One :class:`attnviz.live_sharing.Priority` per server process: the page decodes and captures a photo in
 its ``foreground()`` (``attnviz_app/ui.py``), and every live stream computes its frames in its
-``background()`` (``attnviz_app/live.py``), as many frames at once as cores: a forward pass on a runtime
-releases Python's GIL for its whole length, so two frames on two cores take little more time than one
-(one viewer: 15–18 heatmaps/s against 12–13 one frame at a time; docs/live-camera.md).
+``background()`` (``attnviz_app/live.py``): one frame at a time per two cores while several streams run
+(a photo uploaded beside them waits least), one per core while a single stream runs (a forward pass on a
+runtime releases Python's GIL: one viewer got 15–18 heatmaps/s against 12–13; docs/live-camera.md).
 """
 from __future__ import annotations
 
@@ -17,4 +17,4 @@ from attnviz.live_sharing import Priority
 @st.cache_resource(show_spinner=False)
 def priority() -> Priority:
     """The server's one Priority, shared by every browser session."""
-    return Priority(background=core_count())  # turns, server-wide
+    return Priority(background=max(1, core_count() // 2), alone=core_count())

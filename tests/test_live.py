@@ -345,7 +345,7 @@ def test_live_frames_take_turns_in_the_order_they_asked(turns):
 
     def stream(name):
         for _ in range(12):
-            with order.background():
+            with order.background(stream=name):
                 with lock:
                     computing[0] += 1
                     most[0] = max(most[0], computing[0])
@@ -363,6 +363,36 @@ def test_live_frames_take_turns_in_the_order_they_asked(turns):
     if turns == 1:  # once all three wait, a released turn goes to the longest waiter: strict rotation
         steady = sequence[6:30]
         assert all(steady[i] != steady[i + 1] for i in range(len(steady) - 1)), sequence
+
+
+def test_a_lone_stream_gets_a_turn_per_core_and_several_share_one():
+    """``alone`` turns while one stream asks (its two workers compute side by side), ``background`` turns as soon
+    as another stream asks too."""
+    order = Priority(background=1, alone=2, grace_s=0.0)
+    computing, most, lock = [0], {}, threading.Lock()
+
+    def worker(name, phase):
+        for i in range(10):
+            with order.background(stream=name):
+                with lock:
+                    computing[0] += 1
+                    if i >= 2:  # once every stream of the phase has asked (the first to ask was alone for a moment)
+                        most[phase] = max(most.get(phase, 0), computing[0])
+                time.sleep(0.01)
+                with lock:
+                    computing[0] -= 1
+
+    def run(names, phase):
+        threads = [threading.Thread(target=worker, args=(name, phase)) for name in names for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+
+    run(["a"], "alone")  # one stream, two workers
+    time.sleep(1.1)  # ALONE_S: stream a is forgotten
+    run(["b", "c", "d"], "several")  # three streams, two workers each
+    assert most == {"alone": 2, "several": 1}
 
 
 def test_a_live_frame_waits_while_the_server_says_it_is_behind(tiny):
