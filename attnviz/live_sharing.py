@@ -103,7 +103,7 @@ class Priority:
         self._foreground = 0  # page work running now
         self._ended = -float("inf")  # when the last page work ended (clock time)
         self._running = 0  # live frames computing now
-        self._asked: dict[Hashable, float] = {}  # stream → when it last asked for a turn
+        self._asked: dict[int, float] = {}  # id of a stream → when it last asked (ids: a stopped stream is not kept)
         self._queue: collections.deque[threading.Event] = collections.deque()  # live frames waiting, oldest first
 
     @contextlib.contextmanager
@@ -163,7 +163,7 @@ class Priority:
 
     def _take_turn(self, stream: Hashable) -> None:
         with self._changed:
-            self._asked[stream] = self._clock()
+            self._asked[id(stream)] = self._clock()
             if self._running < self._turns_now() and not self._queue:
                 self._running += 1
                 return
