@@ -42,6 +42,10 @@ DEFAULT = "openvino"
 # "auto" (a server's default) takes the first installed: the most captures per second at the server's one
 # thread per forward pass with as many at once as cores (python -m bench.runtimes --server, docs/performance.md).
 PREFERENCE = ("onnxruntime", "openvino")
+# ... and token removal's graph, started only when the curves are asked for, on the runtime that runs its batches
+# fastest: OpenVINO took 3.87 s for all maps' curves against ONNX Runtime's 4.57 s (4.60 s against 5.58 s in a
+# slower hour), for 0.48 GB against 0.27 GB once it has run (docs/faithfulness.md).
+REMOVAL_PREFERENCE = ("openvino", "onnxruntime")
 TOLERANCE = 1e-5
 INSTALL = "pip install 'attnviz[fast]'"
 log = logging.getLogger("attnviz.runtimes")
@@ -91,7 +95,8 @@ class Runtime:
 
 
 def fast(
-    model: Model, runtime: str = DEFAULT, *, threads: int | None = None, cache: str | Path | None = None
+    model: Model, runtime: str = DEFAULT, *, threads: int | None = None, cache: str | Path | None = None,
+    removal: str | None = None,
 ) -> Model:
     """``model`` with its captures computed on ``runtime`` ("openvino" or "onnxruntime") where that is
     exact, else ``model`` itself with one line in the log saying why.
@@ -99,6 +104,7 @@ def fast(
     Args:
         threads: CPU threads per forward pass; PyTorch's current setting by default.
         cache: where exported graphs are kept; ``$ATTNVIZ_CACHE/runtimes`` by default.
+        removal: the installed runtime that runs token removal's graph (:class:`Removal`); ``runtime`` by default.
 
     Raises :class:`ModelError` (one sentence) for a runtime attnviz does not know or whose package is
     not installed.
@@ -132,9 +138,9 @@ def fast(
 
     if interventions.refusal(base) is None:  # a plain timm ViT: token removal can run on the runtime too
         candidate = dataclasses.replace(candidate, blocks=Removal(
-            base, runtime, Path(cache) if cache is not None else default_cache()))
+            base, removal or runtime, Path(cache) if cache is not None else default_cache()))
     log.info("%s captures on %s (checked exact in %.1f s)%s", model.name, runtime, time.perf_counter() - start,
-             "; token removal too, checked on first use" if candidate.blocks is not None else "")
+             f"; token removal on {removal or runtime}, checked on first use" if candidate.blocks is not None else "")
     return dataclasses.replace(model, runtime=candidate)
 
 
@@ -146,6 +152,7 @@ class Removal:
     as many calls at once as there are cores (on 2 cores two 1-thread calls beat one 2-thread call)."""
 
     def __init__(self, model: Model, name: str, cache: Path) -> None:
+        self.runtime = name  # a key of RUNTIMES: which runtime runs this graph
         self._model, self._name, self._cache = model, name, cache
         self._lock = threading.Lock()
         self._run: Callable[[np.ndarray], list[np.ndarray]] | None = None
@@ -233,7 +240,9 @@ def on_runtime(model: Model, wanted: str = "auto", *, threads: int | None = None
     if names[0] not in installed():
         log.warning("%s stays on PyTorch: the %s runtime is not installed (%s)", model.name, names[0], INSTALL)
         return model
-    return fast(model, names[0], threads=threads, cache=cache)
+    # auto: token removal on the installed runtime fastest at it (bench.faithfulness), its graph started on first use
+    removal = next((name for name in REMOVAL_PREFERENCE if name in installed()), None) if wanted == "auto" else None
+    return fast(model, names[0], threads=threads, cache=cache, removal=removal)
 
 
 def default_cache() -> Path:
