@@ -153,7 +153,7 @@ class Removal:
 
     def __init__(self, model: Model, name: str, cache: Path) -> None:
         self.runtime = name  # a key of RUNTIMES: which runtime runs this graph
-        self._model, self._name, self._cache = model, name, cache
+        self._model, self._cache = model, cache
         self._lock = threading.Lock()
         self._run: Callable[[np.ndarray], list[np.ndarray]] | None = None
         self._why: str | None = None
@@ -164,14 +164,14 @@ class Removal:
             if self._run is None and self._why is None:
                 try:
                     path = graph.exported(self._model, self._cache, "blocks")
-                    run = RUNTIMES[self._name].start(path, 1, batches=True)
+                    run = RUNTIMES[self.runtime].start(path, 1, batches=True)
                     self._why = blocks_mismatch(self._model, run)
                 except Exception as e:  # noqa: BLE001 — as in fast(): token removal then runs on PyTorch
                     self._why = failed(e)
                 if self._why is None:
                     self._run = run
                 else:
-                    log.warning("%s removes tokens on PyTorch: on %s %s", self._model.name, self._name, self._why)
+                    log.warning("%s removes tokens on PyTorch: on %s %s", self._model.name, self.runtime, self._why)
             return self._run
 
 
