@@ -239,7 +239,7 @@ PROBE_JS = r"""
 export default function ({ setStateValue }) {
   // What went wrong with the camera, in a word the page turns into a sentence in the reader's language.
   // streamlit-webrtc shows its errors in English inside its frame; they are read (and hidden) here.
-  let last = null;
+  let last = "";  // the default the page starts from: report only a change, so a healthy page never reruns
   const report = (problem) => { if (problem !== last) { last = problem; setStateValue("problem", problem); } };
   const classify = (text) => {
     if (!text) return "";

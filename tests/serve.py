@@ -149,6 +149,20 @@ def settle(page) -> None:
     page.wait_for_timeout(700)  # the scroll to a new heatmap polls every 100 ms
 
 
+QUIET_JS = """(ms) => {
+  const state = document.querySelector("[data-test-script-state]")?.dataset.testScriptState;
+  const now = performance.now();
+  if (state !== "notRunning" || window.__attnvizBusyAt === undefined) window.__attnvizBusyAt = now;
+  return now - window.__attnvizBusyAt >= ms;
+}"""
+
+
+def quiet(page, seconds: float = 1.5) -> None:
+    """Wait until the page's script has not run for ``seconds``: a component's first report can rerun a
+    page just after it looks ready, and a step that races that rerun sees the page it replaces."""
+    page.wait_for_function(QUIET_JS, arg=seconds * 1000, polling=100, timeout=120_000)
+
+
 def pick(page, key: str, label: str, exact: bool = False) -> None:
     """Choose ``label`` in the select box of widget key ``key``: the option of that name (``exact``) or the
     first whose text holds it. The page settles before (a run still going would redraw the box and close

@@ -8,7 +8,7 @@ import pytest
 
 from attnviz import render
 from conftest import ROOT
-from serve import FAKE_CAMERA_FLAGS, chromium, require_chromium, streamlit_server
+from serve import FAKE_CAMERA_FLAGS, chromium, quiet, require_chromium, streamlit_server
 
 SHOTS = ROOT / "screenshots"
 GRID = 14  # the offline model at 196 px: 14 × 14 patches
@@ -173,6 +173,7 @@ def test_a_visitor_over_the_stream_cap_is_told_and_gets_the_slot_when_it_frees(s
             page.goto(server)
             page.get_by_text("Live camera", exact=True).click(timeout=120_000)
             page.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start").wait_for(timeout=60_000)
+            quiet(page)  # no rerun still to come that would redraw the page once the slot is taken
         first.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start").click()
         live_caption(first)  # the first visitor's heatmaps stream
 
