@@ -7,10 +7,11 @@ import weakref
 
 import numpy as np
 import pytest
+from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 import attnviz
-from attnviz_app import ui
+from attnviz_app import heavy, ui
 from conftest import APP
 
 
@@ -19,10 +20,17 @@ def alive_captures() -> list[attnviz.Capture]:
     return [o for o in gc.get_objects() if isinstance(o, attnviz.Capture)]
 
 
-@pytest.mark.parametrize("view", ["cls", "matrix", "query", "rollout", "qkmap"])
+def alive_pictures(min_pixels: int = 400 * 400) -> list[Image.Image]:
+    """Pictures the size of what the page shows (588 px: ~1 MB each)."""
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, Image.Image) and o.width * o.height >= min_pixels]
+
+
+@pytest.mark.parametrize("view", ["cls", "matrix", "query", "rollout", "qkmap", "heads", "mask"])
 def test_a_finished_run_leaves_no_capture_but_the_caches(view):
     ui.cached_capture.clear()
     before = {id(c) for c in alive_captures()}  # other tests' captures (session fixtures) are not the page's
+    pictures_before = {id(p) for p in alive_pictures()}
     at = AppTest.from_file(str(APP), default_timeout=180).run()
     if view != "cls":
         at.selectbox(key="view").set_value(view).run()
@@ -32,6 +40,9 @@ def test_a_finished_run_leaves_no_capture_but_the_caches(view):
     ui.cached_capture.clear()
     gc.collect()
     assert [r() for r in made if r() is not None] == []  # nothing of the session (widgets' functions, downloads) holds one
+    heavy.shared_queue.clear()  # the server's shared results (e.g. the Q/K atlas's picture)
+    # nor the pictures it showed: a download button draws its picture again when clicked
+    assert [p.size for p in alive_pictures() if id(p) not in pictures_before] == []
 
 
 def test_a_recall_finds_the_cached_capture_and_computes_it_again_once_it_is_gone(real_model):

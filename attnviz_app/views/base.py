@@ -48,6 +48,12 @@ class Context:
         cap, view = self.cap, self.view
         return (lambda: cap), (lambda: view)
 
+    def deferred(self, draw: Callable[..., Any], *args) -> Callable[[], Any]:
+        """``draw(capture, view, *args)`` as a function called later (a download's picture, drawn when clicked):
+        what it holds is ``args`` and the means to get the capture back, not the picture."""
+        capture, view = self.later()
+        return lambda: draw(capture(), view(), *args)
+
 
 @dataclass(frozen=True)
 class View:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 import streamlit as st
+from PIL import Image
 
 from attnviz import offline, render, runtimes
 from ..text import t
@@ -24,11 +25,18 @@ def no_class_token_note(cap) -> None:
 PRESENT_PX = 500  # 69 % of a 720 px projector, leaving room for the title and the scale
 
 
+def picture_of(cap, view: Image.Image, layer: int, head, alpha: float, cmap: str, smooth: bool) -> Image.Image:
+    """The heatmap of ``layer`` and ``head`` over ``view``, enlarged, with its high-norm patches marked."""
+    grid_map = cap.summary_map(layer, head)  # (h, w): the CLS row, or the mean received without one
+    picture = enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth))
+    return mark_high_norm(picture, cap, layer)
+
+
 def show(ctx: Context) -> None:
     cap = ctx.cap
-    grid_map = cap.summary_map(ctx.layer, ctx.head)  # (h, w): the CLS row, or the mean received without one
-    picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
-    picture = mark_high_norm(picture, cap, ctx.layer)
+    drawn = (ctx.layer, ctx.head, ctx.alpha, ctx.cmap, ctx.smooth)
+    grid_map = cap.summary_map(ctx.layer, ctx.head)
+    picture = picture_of(cap, ctx.view, *drawn)
     patches = cap.num_tokens - cap.num_prefix_tokens
     if cap.has_class_token:
         title = t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head))
@@ -55,7 +63,7 @@ def show(ctx: Context) -> None:
                 reading = reading.rstrip() + "\n- " + sentence
             st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
-        download_png(picture, f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
+        download_png(ctx.deferred(picture_of, *drawn), f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
         download_figure(ctx, ("cls",), (ctx.layer,), (ctx.head,), f"attention_layer{ctx.layer + 1}_head{head_part}",
                         key="download_cls_figure")
         take_away(ctx)  # the interactive page and the layer sweep (views/takeaway.py)

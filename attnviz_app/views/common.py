@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+from typing import Callable
 
 import numpy as np
 import streamlit as st
@@ -29,10 +30,12 @@ def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str,
     st.caption(t("view.scale", lo=float(grid_map.min()), hi=float(grid_map.max())))
 
 
-def download_png(picture: Image.Image, file_name: str, key: str) -> None:
-    """A download button for ``picture``; the PNG is encoded only when clicked (encoding the 588 px
-    class-token picture on every run was a third of a Layer change's server time)."""
-    download_file(lambda: png_bytes(picture), file_name, key=key)
+def download_png(draw: Callable[[], Image.Image], file_name: str, key: str) -> None:
+    """A download button for the picture ``draw()`` makes (e.g. :meth:`Context.deferred`), drawn and encoded
+    only when clicked: encoding the 588 px class-token picture on every run was a third of a Layer change's
+    server time, and a session keeps its buttons' functions until its tab closes (a 588 px picture held by
+    each is 1 MB per open tab)."""
+    download_file(lambda: png_bytes(draw()), file_name, key=key)
 
 
 # ---- Shared by the analysis views (rollout, query, matrix, heads, mask, stats, relevance) ----

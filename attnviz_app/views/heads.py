@@ -67,23 +67,34 @@ def montage(tiles: list[list[Image.Image]], chosen: tuple[int, int], gap: int = 
     return sheet
 
 
+def tiles_of(cap, view: Image.Image, cell: int, alpha: float, cmap: str, smooth: bool) -> list[list[Image.Image]]:
+    """Per layer, each head's CLS map and then their mean, over ``view`` at ``cell`` px."""
+    maps = cls_maps(cap)  # (L, H + 1, h, w)
+    small = view.resize((cell, cell), Image.Resampling.BICUBIC)
+    return [[render.overlay(small, layer_maps[c], alpha=alpha, cmap=cmap, smooth=smooth)
+             for c in range(cap.num_heads + 1)] for layer_maps in maps]
+
+
+def sheet_of(cap, view: Image.Image, cell: int, alpha: float, cmap: str, smooth: bool,
+             chosen: tuple[int, int]) -> Image.Image:
+    """The page's grid of small maps as one picture (the download)."""
+    return montage(tiles_of(cap, view, cell, alpha, cmap, smooth), chosen)
+
+
 def show(ctx: Context) -> None:
     cap = ctx.cap
     num_layers, num_heads = cap.num_layers, cap.num_heads
     no_class_token_note(cap)  # the maps below are not a class token's when it has none
     st.subheader(t("analysis.heads.title", layers=num_layers, heads=num_heads))
     st.caption(t("analysis.heads.caption"))
-    maps = cls_maps(cap)  # (L, H + 1, h, w)
     cell = CELL_PX
     if ctx.narrow:
         cell = min(cell, NARROW_PX // (num_heads + 1) - 8)
     if ctx.present:
         cell = min(cell, PRESENT_PX // num_layers - 8)
     cell = max(16, cell)
-    small = ctx.view.resize((cell, cell), Image.Resampling.BICUBIC)
-    tiles = [[render.overlay(small, maps[l, c], alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth)
-              for c in range(num_heads + 1)]
-             for l in range(num_layers)]
+    drawn = (cell, ctx.alpha, ctx.cmap, ctx.smooth)
+    tiles = tiles_of(cap, ctx.view, *drawn)
     names = [*(str(k + 1) for k in range(num_heads)), MEAN]
     chosen_head = MEAN if ctx.head == MEAN else (str(ctx.head + 1) if isinstance(ctx.head, int) else None)
     cells = pd.DataFrame([
@@ -111,8 +122,7 @@ def show(ctx: Context) -> None:
     ).configure_view(strokeWidth=0).configure_axis(labelFontSize=13, titleFontSize=14)
     st.altair_chart(chart, key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content")
     chosen = (ctx.layer, names.index(chosen_head) if chosen_head in names else -1)
-    sheet = montage(tiles, chosen)
-    download_png(sheet, "all_heads.png", key="download_heads")
+    download_png(ctx.deferred(sheet_of, *drawn, chosen), "all_heads.png", key="download_heads")
     download_figure(ctx, ("heads",), tuple(range(num_layers)), ("mean",), "all_heads", key="download_heads_figure")
 
 

@@ -15,6 +15,31 @@ ONE, HEADS = "one", "heads"
 THUMB_PX = 224
 
 
+def one_mask(cap, view: Image.Image, layer: int, head, mass: float) -> Image.Image:
+    """The mask of ``layer`` and ``head`` holding ``mass`` of its attention, over ``view``, enlarged."""
+    return enlarge(draw_mask(view, mass_mask(cap.summary_map(layer, head), mass).keep))
+
+
+def head_masks(cap, view: Image.Image, layer: int, mass: float) -> list[tuple[Image.Image, int]]:
+    """Each head's mask at ``layer`` as a thumbnail, with the number of patches it keeps."""
+    out = []
+    for head in range(cap.num_heads):
+        mask = mass_mask(cap.summary_map(layer, head), mass)
+        out.append((draw_mask(view, mask.keep).resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS), mask.count))
+    return out
+
+
+def head_masks_sheet(cap, view: Image.Image, layer: int, mass: float) -> Image.Image:
+    """:func:`head_masks` side by side, three to a row (the download)."""
+    thumbs = [thumb for thumb, _ in head_masks(cap, view, layer, mass)]
+    per_row = min(len(thumbs), 3)
+    rows = -(-len(thumbs) // per_row)
+    sheet = Image.new("RGB", (per_row * (THUMB_PX + 8), rows * (THUMB_PX + 8)), "white")
+    for i, thumb in enumerate(thumbs):
+        sheet.paste(thumb, ((i % per_row) * (THUMB_PX + 8), (i // per_row) * (THUMB_PX + 8)))
+    return sheet
+
+
 def show(ctx: Context) -> None:
     cap = ctx.cap
     h, w = cap.grid
@@ -29,28 +54,21 @@ def show(ctx: Context) -> None:
     st.subheader(t("analysis.mask.title", mass=percent))
     if source == ONE:
         mask = mass_mask(cap.summary_map(ctx.layer, ctx.head), percent / 100)
-        picture = enlarge(draw_mask(ctx.view, mask.keep))
-        st.image(picture, caption=f"{t('view.layer')} {ctx.layer + 1}, {head_label(ctx.head)}")
+        st.image(enlarge(draw_mask(ctx.view, mask.keep)), caption=f"{t('view.layer')} {ctx.layer + 1}, {head_label(ctx.head)}")
         st.markdown(t(
             "analysis.mask.caption", count=mask.count, patches=h * w, area=100 * mask.count / (h * w),
             mass=100 * mask.mass,
         ))
+        draw, drawn = one_mask, (ctx.layer, ctx.head, percent / 100)
         name = f"mask{percent}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png"
     else:
         per_row = min(cap.num_heads, 3)
-        thumbs = []
         columns = st.columns(per_row)
-        for head in range(cap.num_heads):
-            mask = mass_mask(cap.summary_map(ctx.layer, head), percent / 100)
-            thumb = draw_mask(ctx.view, mask.keep).resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
-            thumbs.append(thumb)
-            columns[head % per_row].image(thumb, caption=t("analysis.mask.head_caption", n=head + 1, count=mask.count))
-        rows = -(-len(thumbs) // per_row)
-        picture = Image.new("RGB", (per_row * (THUMB_PX + 8), rows * (THUMB_PX + 8)), "white")
-        for i, thumb in enumerate(thumbs):
-            picture.paste(thumb, ((i % per_row) * (THUMB_PX + 8), (i // per_row) * (THUMB_PX + 8)))
+        for head, (thumb, count) in enumerate(head_masks(cap, ctx.view, ctx.layer, percent / 100)):
+            columns[head % per_row].image(thumb, caption=t("analysis.mask.head_caption", n=head + 1, count=count))
+        draw, drawn = head_masks_sheet, (ctx.layer, percent / 100)
         name = f"mask{percent}_layer{ctx.layer + 1}_all_heads.png"
-    download_png(picture, name, key="download_mask")
+    download_png(ctx.deferred(draw, *drawn), name, key="download_mask")
 
 
 def controls_in(state, controls: frozenset[str]) -> frozenset[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import streamlit as st
+from PIL import Image
 
 from attnviz import render
 from ..text import t
@@ -24,6 +25,15 @@ def current_query(cap) -> int:
         row, col = st.session_state.get("query_patch", (h // 2, w // 2))
         return cap.num_prefix_tokens + min(row, h - 1) * w + min(col, w - 1)
     return kind if isinstance(kind, int) and 0 <= kind < cap.num_prefix_tokens else 0
+
+
+def picture_of(cap, view: Image.Image, layer: int, head, query: int, alpha: float, cmap: str,
+               smooth: bool) -> Image.Image:
+    """Token ``query``'s attention row over ``view``, enlarged, the query patch framed."""
+    prefix, (h, w) = cap.num_prefix_tokens, cap.grid
+    grid_map = cap.row(layer, head, query)[prefix:].reshape(h, w)
+    picture = enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth))
+    return picture if query < prefix else mark_patch(picture, cap.grid, divmod(query - prefix, w))
 
 
 def set_query(prefix: int, grid: tuple[int, int], token: int) -> None:
@@ -62,9 +72,8 @@ def show(ctx: Context) -> None:
     query = current_query(cap)
     row = cap.row(ctx.layer, ctx.head, query)  # (N,)
     grid_map = row[prefix:].reshape(h, w)
-    picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
-    if query >= prefix:
-        picture = mark_patch(picture, cap.grid, divmod(query - prefix, w))
+    drawn = (ctx.layer, ctx.head, query, ctx.alpha, ctx.cmap, ctx.smooth)
+    picture = picture_of(cap, ctx.view, *drawn)
     label = token_label(query, prefix, cap.grid)
 
     with left:
@@ -72,7 +81,7 @@ def show(ctx: Context) -> None:
         clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow)
         st.caption(t("analysis.query.caption"))
         colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.query.units", n=cap.num_tokens))
-        download_png(picture, f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_query")
+        download_png(ctx.deferred(picture_of, *drawn), f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_query")
     with right:
         st.subheader(t("analysis.query.prefix_header"))
         st.caption(t("analysis.query.prefix_body"))

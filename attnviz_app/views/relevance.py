@@ -23,6 +23,11 @@ def top_classes(ctx: Context) -> list[tuple[int, str, float]]:
     return [(j, ctx.model.labels[j], q) for q, j in zip(p.tolist(), i.tolist())]
 
 
+def picture_of(cap, view: Image.Image, grid_map: np.ndarray, alpha: float, cmap: str, smooth: bool) -> Image.Image:
+    """The relevance map over ``view``, enlarged (``cap`` unused: the map is the shared job's result)."""
+    return enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth))
+
+
 def show(ctx: Context) -> None:
     st.markdown(t("analysis.relevance.explain"))
     top = top_classes(ctx)
@@ -43,10 +48,11 @@ def show(ctx: Context) -> None:
         st.info(t("analysis.relevance.disabled", reason=str(e)))
         return
     st.subheader(t("analysis.relevance.title", label=label))
-    picture = enlarge(render.overlay(ctx.view, grid_map, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
+    drawn = (grid_map, ctx.alpha, ctx.cmap, ctx.smooth)
+    picture = picture_of(cap, ctx.view, *drawn)
     st.image(picture, caption=t("analysis.relevance.caption", label=label))
     colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.relevance.units"))
-    download_png(picture, f"relevance_class{index}.png", key="download_relevance")
+    download_png(ctx.deferred(picture_of, *drawn), f"relevance_class{index}.png", key="download_relevance")
 
 
 register(View("relevance", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=80, needs_classifier=True))

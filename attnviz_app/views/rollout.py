@@ -23,6 +23,18 @@ def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.
     return sheet
 
 
+def pictures_of(cap, view: Image.Image, last: int, fusion: str, rolled: np.ndarray, alpha: float, cmap: str,
+                smooth: bool) -> list[Image.Image]:
+    """Layer ``last``'s attention (heads fused by ``fusion``) and the ``rolled`` map, each over ``view``, enlarged."""
+    raw = cap.summary_map(last - 1, fusion)
+    return [enlarge(render.overlay(view, np.asarray(m), alpha, cmap, smooth)) for m in (raw, rolled)]
+
+
+def sheet_of(cap, view: Image.Image, *drawn) -> Image.Image:
+    """:func:`pictures_of` side by side (the download)."""
+    return side_by_side(*pictures_of(cap, view, *drawn))
+
+
 def show(ctx: Context) -> None:
     cap = ctx.cap
     last_layer = cap.num_layers
@@ -46,22 +58,21 @@ def show(ctx: Context) -> None:
     raw = cap.summary_map(last - 1, fusion)  # (h, w): the CLS row, or the mean received without a class token
     st.subheader(t("analysis.rollout.title", first=first, last=last, fusion=t(f"view.head_{fusion}")))
 
-    pictures = []
+    drawn = (last, fusion, np.asarray(rolled), ctx.alpha, ctx.cmap, ctx.smooth)
+    raw_picture, rolled_picture = pictures_of(cap, ctx.view, *drawn)
     left, right = st.columns(2, gap="large")
-    for column, grid_map, title, caption, units in (
-        (left, raw, t("analysis.rollout.raw_title", layer=last), t("analysis.rollout.raw_caption", layer=last),
-         t("analysis.weight_units")),
-        (right, rolled, t("analysis.rollout.roll_title", first=first, last=last),
+    for column, grid_map, picture, title, caption, units in (
+        (left, raw, raw_picture, t("analysis.rollout.raw_title", layer=last),
+         t("analysis.rollout.raw_caption", layer=last), t("analysis.weight_units")),
+        (right, rolled, rolled_picture, t("analysis.rollout.roll_title", first=first, last=last),
          t("analysis.rollout.roll_caption", first=first, last=last), t("analysis.rollout.units")),
     ):
-        picture = enlarge(render.overlay(ctx.view, np.asarray(grid_map), ctx.alpha, ctx.cmap, ctx.smooth))
-        pictures.append(picture)
         with column:
             st.markdown(f"**{title}**")
             st.image(picture, caption=caption)
             colour_scale(np.asarray(grid_map), ctx.cmap, picture.width, units)
     name = f"rollout_layers{first}-{last}_{fusion}.png"
-    download_png(side_by_side(*pictures), name, key="download_rollout")
+    download_png(ctx.deferred(sheet_of, *drawn), name, key="download_rollout")
     download_figure(ctx, ("cls", "rollout"), (last - 1,), (fusion,), name.removesuffix(".png"), key="download_rollout_figure",
                     rollout=(first - 1, last - 1, fusion, discard))
 

@@ -119,9 +119,28 @@ def matrix(cap, layer: int, head, cmap: str, names: dict, stage: int, block: int
     download_file(png, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_matrix.png", key="download_stage_matrix")
 
 
+def summary_picture(cap, view, layer: int, head, alpha: float, cmap: str, smooth: bool):
+    """``layer``'s summary map (the class token's row, or the attention each patch receives) over ``view``."""
+    grid_map = cap.summary_map(layer, head)
+    return window_lines(enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth)), cap, layer)
+
+
+def query_picture(cap, view, layer: int, head, patch: tuple[int, int], alpha: float, cmap: str, smooth: bool):
+    """The attention row of the query at ``patch`` (row, column of the layer's grid) over ``view``."""
+    lay = cap.layout(layer)
+    token = lay.prefix + patch[0] * lay.grid[1] + patch[1]
+    picture = enlarge(render.overlay(view, cap.query_map(layer, head, token), alpha=alpha, cmap=cmap, smooth=smooth))
+    return mark_patch(window_lines(picture, cap, layer, token), lay.grid, patch)
+
+
 def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool = False, recall=None) -> None:
     """The Stage view; ``recall`` (:class:`attnviz_app.ui.Recall`) gives its downloads the capture when clicked."""
     stages = cap.stages
+    later = (recall.capture, recall.view) if recall is not None else ((lambda: cap), (lambda: view))
+
+    def deferred(draw, *args):  # as views.Context.deferred: a download's picture, drawn when clicked
+        return lambda: draw(later[0](), later[1](), *args)
+
     st.info(intro(model, cap))
     stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
     stage_labels = [t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0], w=cap.grid(stages[s][0])[1],
@@ -161,7 +180,8 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
         matrix(cap, layer, head, cmap, names, stage, block, width)
     elif what == "summary":
         grid_map = cap.summary_map(layer, head)
-        picture = window_lines(enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth)), cap, layer)
+        drawn = (layer, head, alpha, cmap, smooth)
+        picture = summary_picture(cap, view, *drawn)
         if kind == "cls":
             st.subheader(t("stages.cls_title", **names))
             caption = t("stages.cls_caption", h=lay.keys_grid[0], w=lay.keys_grid[1])
@@ -175,15 +195,16 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
         st.image(picture, width=min(picture.width, width))
         st.caption(caption)
         colour_scale(grid_map, cmap, min(picture.width, width), units)
-        download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_{name}.png", key="download_stage")
+        download_png(deferred(summary_picture, *drawn), f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_{name}.png",
+                     key="download_stage")
     else:
         h, w = lay.grid  # the queries' grid; the map is drawn at the keys' grid
         row, col = st.session_state.get("stage_query", (h // 2, w // 2))
         row, col = min(row, h - 1), min(col, w - 1)
         token = lay.prefix + row * w + col
         grid_map = cap.query_map(layer, head, token)
-        picture = enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth))
-        picture = mark_patch(window_lines(picture, cap, layer, token), lay.grid, (row, col))
+        drawn = (layer, head, (row, col), alpha, cmap, smooth)
+        picture = query_picture(cap, view, *drawn)
         st.subheader(t("stages.query_title", row=row + 1, col=col + 1, **names))
         clickable_picture(picture, lay.grid, key=CHART_KEY, on_select=_clicked, narrow=narrow)
         shifted = t("stages.query_shifted", sh=lay.shift[0], sw=lay.shift[1]) if any(lay.shift) else ""
@@ -198,8 +219,7 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
             st.markdown(t("stages.self_weight", weight=float(grid_map[row, col]), top=float(np.max(grid_map))))
         else:
             st.markdown(t("stages.top_weight", top=float(np.max(grid_map))))
-        download_png(picture, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
+        download_png(deferred(query_picture, *drawn), f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
                      key="download_stage_query")
-    later = (recall.capture, recall.view) if recall is not None else ((lambda: cap), (lambda: view))
     files(model, cap, "mean", alpha, cmap, later)  # every (stage, block) as the interactive page and the GIF
     st.caption(t("stages.not_drawn"))
