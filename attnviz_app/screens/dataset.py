@@ -152,137 +152,143 @@ def model_problem(error: Exception, info: runfiles.RunInfo) -> str:
     return t("dataset.map_model", reason=reason)
 
 
-st.title(t("dataset.title"))
-st.caption(t("dataset.subtitle"))
+def page() -> None:
+    """The page, in a function (as screens/explore.py): what one run reads and draws are its locals, let go
+    when it returns, not kept with the session in the script's globals."""
+    st.title(t("dataset.title"))
+    st.caption(t("dataset.subtitle"))
 
-root = os.environ.get(ROOT_VARIABLE)
-runs = dataset.find_runs(root) if root else []
-if not runs:
-    st.info(t("dataset.no_runs", var=ROOT_VARIABLE, now=f"`{root}`" if root else t("dataset.unset"),
-              example=f"${ROOT_VARIABLE}/my-run"))
-    st.stop()
-names = {str(run): run.name or str(run) for run in runs}
-out = st.selectbox(t("dataset.run"), list(names), format_func=names.get, key="dataset_run",
-                   help=t("dataset.run_help", var=ROOT_VARIABLE))
-try:
-    with st.spinner(t("dataset.loading")):
-        run, heads = opened(out, runfiles.signature(out))
-except RunFileError as e:  # run.json unusable, or a run too large to show: this run only
-    st.error(problem_text(e))
-    st.stop()
-for error in run.left_out[:LEFT_OUT_SHOWN]:
-    st.warning(problem_text(error))
-if len(run.left_out) > LEFT_OUT_SHOWN:
-    st.warning(t("dataset.left_out_more", count=len(run.left_out) - LEFT_OUT_SHOWN))
-info, images, errors = run.info, run.images, run.errors
+    root = os.environ.get(ROOT_VARIABLE)
+    runs = dataset.find_runs(root) if root else []
+    if not runs:
+        st.info(t("dataset.no_runs", var=ROOT_VARIABLE, now=f"`{root}`" if root else t("dataset.unset"),
+                  example=f"${ROOT_VARIABLE}/my-run"))
+        st.stop()
+    names = {str(run): run.name or str(run) for run in runs}
+    out = st.selectbox(t("dataset.run"), list(names), format_func=names.get, key="dataset_run",
+                       help=t("dataset.run_help", var=ROOT_VARIABLE))
+    try:
+        with st.spinner(t("dataset.loading")):
+            run, heads = opened(out, runfiles.signature(out))
+    except RunFileError as e:  # run.json unusable, or a run too large to show: this run only
+        st.error(problem_text(e))
+        st.stop()
+    for error in run.left_out[:LEFT_OUT_SHOWN]:
+        st.warning(problem_text(error))
+    if len(run.left_out) > LEFT_OUT_SHOWN:
+        st.warning(t("dataset.left_out_more", count=len(run.left_out) - LEFT_OUT_SHOWN))
+    info, images, errors = run.info, run.images, run.errors
 
-counts, about = st.columns([1, 2])
-counts.markdown(t("dataset.counts", images=images.num_rows, errors=errors.num_rows))
-if images.num_rows:
-    about.markdown(t("dataset.about", model=ui.escape_markdown(shown_model(info)),
-                     size=images["input_size"][0].as_py(), fit=t(f"model.fit_{info.fit}")))
-if images.num_rows == 0:
-    st.info(t("dataset.empty"))
-    st.stop()
-paths = images["path"].to_pylist()
+    counts, about = st.columns([1, 2])
+    counts.markdown(t("dataset.counts", images=images.num_rows, errors=errors.num_rows))
+    if images.num_rows:
+        about.markdown(t("dataset.about", model=ui.escape_markdown(shown_model(info)),
+                         size=images["input_size"][0].as_py(), fit=t(f"model.fit_{info.fit}")))
+    if images.num_rows == 0:
+        st.info(t("dataset.empty"))
+        st.stop()
+    paths = images["path"].to_pylist()
 
-# --- Every head over the photos ---
-st.subheader(t("dataset.scatter_header"))
-summary = dataset.head_summary(heads).assign(layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1)
-shown_images = pd.Series(range(len(paths))).sample(min(SAMPLE_IMAGES, len(paths)), random_state=0)
-per_image = heads[heads["image"].isin(shown_images)].assign(
-    layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1, name=lambda d: d["image"].map(lambda i: Path(paths[i]).name),
-)[["layer", "head", "name", "distance_px", "entropy"]]
-sampled = t("dataset.sampled", count=len(shown_images)) if len(shown_images) < len(paths) else ""
-heads_chart = scatter(summary, per_image)
-st.altair_chart(heads_chart, width="stretch")
-st.caption(t("dataset.scatter_caption", images=len(paths), sampled=sampled))
-download_chart(heads_chart.properties(title=t("dataset.scatter_header")), "dataset_heads_distance_entropy",
-               key="dataset_scatter")
+    # --- Every head over the photos ---
+    st.subheader(t("dataset.scatter_header"))
+    summary = dataset.head_summary(heads).assign(layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1)
+    shown_images = pd.Series(range(len(paths))).sample(min(SAMPLE_IMAGES, len(paths)), random_state=0)
+    per_image = heads[heads["image"].isin(shown_images)].assign(
+        layer=lambda d: d["layer"] + 1, head=lambda d: d["head"] + 1, name=lambda d: d["image"].map(lambda i: Path(paths[i]).name),
+    )[["layer", "head", "name", "distance_px", "entropy"]]
+    sampled = t("dataset.sampled", count=len(shown_images)) if len(shown_images) < len(paths) else ""
+    heads_chart = scatter(summary, per_image)
+    st.altair_chart(heads_chart, width="stretch")
+    st.caption(t("dataset.scatter_caption", images=len(paths), sampled=sampled))
+    download_chart(heads_chart.properties(title=t("dataset.scatter_header")), "dataset_heads_distance_entropy",
+                   key="dataset_scatter")
 
-# --- One head's photos ---
-st.subheader(t("dataset.chosen_header"))
-if run.staged:  # the most-attended patch and the maps are on each layer's own grid
-    grids = sorted(set(run.layer_grids), reverse=True)
-    st.info(t("dataset.staged_note", heads=", ".join(str(n) for n in dict.fromkeys(run.heads_per_layer)),
-              grids=", ".join(f"{h} × {w}" for h, w in grids)), icon=":material/info:")
-left, middle, right = st.columns([1, 1, 3])
-layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), index=run.num_layers - 1, key="dataset_layer")
-# With stages each layer has its own head count: the box of that count, so a kept head always exists.
-layer_heads = run.heads_of((layer or 1) - 1)
-head = middle.selectbox(t("dataset.head"), range(1, layer_heads + 1),
-                        key=f"dataset_head.{layer_heads}" if run.staged else "dataset_head")
-# The widget's key carries the language (translated labels would leave a kept radio with no choice
-# after a language switch); the choice itself is remembered without it.
-rankings = list(dataset.RANKINGS)
-remembered = st.session_state.get("dataset_ranking", rankings[0])
-ranking = right.radio(t("dataset.ranking"), rankings, index=rankings.index(remembered),
-                      key=f"dataset_ranking.{st.session_state['lang']}", format_func=lambda r: t(f"dataset.ranking_{r}"))
-st.session_state["dataset_ranking"] = ranking
-chosen = dataset.extremes(heads, (layer or 1) - 1, (head or 1) - 1, ranking, SHOWN)
-try:
-    with st.spinner(t("model.loading")):
-        model = run_model(info)
-except (ModelError, RunFileError) as e:  # the run's checkpoint may have moved since, or be no file at all
-    st.error(model_problem(e, info))
-    st.stop()
-digests = images["digest"].to_pylist()
-with st.spinner(t("dataset.maps_loading")):
-    for i, row in enumerate(chosen.itertuples()):
-        path = paths[row.image]
-        name = ui.escape_markdown(Path(path).name)
-        if i % 3 == 0:  # a new row of three: on a phone the columns stack, still in rank order
-            columns = st.columns(3)
-        with columns[i % 3]:
-            try:
-                view, cap = reopened(out, path, digests[row.image], info.fit,
-                                     (info.model, info.size, info.checkpoint), _model=model)
-            except RunFileError as e:  # gone, or no longer a regular file of photo size
-                gone = e.key in ("file_missing", "file_loop")
-                st.warning(t("dataset.map_missing", name=name) if gone else problem_text(e))
-                continue
-            except ImageError as e:  # readable, but not a picture the model can take: the sentence names it
-                st.warning(ui.image_message(e))
-                continue
-            except dataset.RunError:
-                st.warning(t("dataset.map_changed", name=name))
-                continue
-            except (ValueError, ModelError) as e:  # the model refuses the picture (e.g. a size it cannot take)
-                st.warning(t("dataset.map_unusable", name=name, reason=ui.escape_markdown(str(e))))
-                continue
-            model_heads = (tuple(lay.num_heads for lay in cap.layouts) if isinstance(cap, StagedCapture)
-                           else (cap.num_heads,) * cap.num_layers)
-            if model_heads != tuple(run.heads_of(i) for i in range(run.num_layers)):
-                st.warning(t("dataset.model_layout", layers=run.num_layers, heads=run.num_heads,
-                             model_layers=cap.num_layers, model_heads=max(model_heads, default=0)))
-                break
-            # the class token's row, or a model's stated alternative when it has no class token;
-            # with stages at that layer's keys' grid
-            grid_map = cap.summary_map(layer - 1, head - 1)  # (h, w)
-            picture = render.enlarge(render.overlay(view, grid_map), 320)
-            st.image(picture, caption=t("dataset.map_caption", name=Path(path).name, distance=row.distance_px,
-                                        share=row.mass60_fraction), width="stretch")
-if run.staged:
-    h, w = run.layer_grids[(layer or 1) - 1]
-    st.caption(t("dataset.maps_note_staged", layer=layer, head=head, h=h, w=w))
-else:
-    st.caption(t("dataset.maps_note", layer=layer, head=head))
+    # --- One head's photos ---
+    st.subheader(t("dataset.chosen_header"))
+    if run.staged:  # the most-attended patch and the maps are on each layer's own grid
+        grids = sorted(set(run.layer_grids), reverse=True)
+        st.info(t("dataset.staged_note", heads=", ".join(str(n) for n in dict.fromkeys(run.heads_per_layer)),
+                  grids=", ".join(f"{h} × {w}" for h, w in grids)), icon=":material/info:")
+    left, middle, right = st.columns([1, 1, 3])
+    layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), index=run.num_layers - 1, key="dataset_layer")
+    # With stages each layer has its own head count: the box of that count, so a kept head always exists.
+    layer_heads = run.heads_of((layer or 1) - 1)
+    head = middle.selectbox(t("dataset.head"), range(1, layer_heads + 1),
+                            key=f"dataset_head.{layer_heads}" if run.staged else "dataset_head")
+    # The widget's key carries the language (translated labels would leave a kept radio with no choice
+    # after a language switch); the choice itself is remembered without it.
+    rankings = list(dataset.RANKINGS)
+    remembered = st.session_state.get("dataset_ranking", rankings[0])
+    ranking = right.radio(t("dataset.ranking"), rankings, index=rankings.index(remembered),
+                          key=f"dataset_ranking.{st.session_state['lang']}", format_func=lambda r: t(f"dataset.ranking_{r}"))
+    st.session_state["dataset_ranking"] = ranking
+    chosen = dataset.extremes(heads, (layer or 1) - 1, (head or 1) - 1, ranking, SHOWN)
+    try:
+        with st.spinner(t("model.loading")):
+            model = run_model(info)
+    except (ModelError, RunFileError) as e:  # the run's checkpoint may have moved since, or be no file at all
+        st.error(model_problem(e, info))
+        st.stop()
+    digests = images["digest"].to_pylist()
+    with st.spinner(t("dataset.maps_loading")):
+        for i, row in enumerate(chosen.itertuples()):
+            path = paths[row.image]
+            name = ui.escape_markdown(Path(path).name)
+            if i % 3 == 0:  # a new row of three: on a phone the columns stack, still in rank order
+                columns = st.columns(3)
+            with columns[i % 3]:
+                try:
+                    view, cap = reopened(out, path, digests[row.image], info.fit,
+                                         (info.model, info.size, info.checkpoint), _model=model)
+                except RunFileError as e:  # gone, or no longer a regular file of photo size
+                    gone = e.key in ("file_missing", "file_loop")
+                    st.warning(t("dataset.map_missing", name=name) if gone else problem_text(e))
+                    continue
+                except ImageError as e:  # readable, but not a picture the model can take: the sentence names it
+                    st.warning(ui.image_message(e))
+                    continue
+                except dataset.RunError:
+                    st.warning(t("dataset.map_changed", name=name))
+                    continue
+                except (ValueError, ModelError) as e:  # the model refuses the picture (e.g. a size it cannot take)
+                    st.warning(t("dataset.map_unusable", name=name, reason=ui.escape_markdown(str(e))))
+                    continue
+                model_heads = (tuple(lay.num_heads for lay in cap.layouts) if isinstance(cap, StagedCapture)
+                               else (cap.num_heads,) * cap.num_layers)
+                if model_heads != tuple(run.heads_of(i) for i in range(run.num_layers)):
+                    st.warning(t("dataset.model_layout", layers=run.num_layers, heads=run.num_heads,
+                                 model_layers=cap.num_layers, model_heads=max(model_heads, default=0)))
+                    break
+                # the class token's row, or a model's stated alternative when it has no class token;
+                # with stages at that layer's keys' grid
+                grid_map = cap.summary_map(layer - 1, head - 1)  # (h, w)
+                picture = render.enlarge(render.overlay(view, grid_map), 320)
+                st.image(picture, caption=t("dataset.map_caption", name=Path(path).name, distance=row.distance_px,
+                                            share=row.mass60_fraction), width="stretch")
+    if run.staged:
+        h, w = run.layer_grids[(layer or 1) - 1]
+        st.caption(t("dataset.maps_note_staged", layer=layer, head=head, h=h, w=w))
+    else:
+        st.caption(t("dataset.maps_note", layer=layer, head=head))
 
-from attnviz_app import dataset_qk  # noqa: E402  (the Q/K map of the run's photos, issue #21)
+    from attnviz_app import dataset_qk  # noqa: E402  (the Q/K map of the run's photos, issue #21)
 
-if run.staged:  # the map puts every photo's tokens of one head on one grid
-    st.subheader(t("qkmap.dataset_header", layer=layer, head=head))
-    st.info(t("dataset.qk_staged"), icon=":material/info:")
-else:
-    dataset_qk.show(out, runfiles.signature(out), layer or 1, head or 1)
+    if run.staged:  # the map puts every photo's tokens of one head on one grid
+        st.subheader(t("qkmap.dataset_header", layer=layer, head=head))
+        st.info(t("dataset.qk_staged"), icon=":material/info:")
+    else:
+        dataset_qk.show(out, runfiles.signature(out), layer or 1, head or 1)
 
-# --- Files the run could not use ---
-if errors.num_rows:
-    with st.expander(t("dataset.errors_header", count=errors.num_rows)):
-        rows = errors.slice(0, ERRORS_SHOWN).to_pylist()
-        st.dataframe(pd.DataFrame({
-            t("dataset.error_file"): [Path(r["path"]).name for r in rows],
-            t("dataset.error_reason"): [error_text(r) for r in rows],
-        }), hide_index=True, width="stretch")
-        if errors.num_rows > ERRORS_SHOWN:
-            st.caption(t("dataset.errors_more", shown=ERRORS_SHOWN, count=errors.num_rows))
+    # --- Files the run could not use ---
+    if errors.num_rows:
+        with st.expander(t("dataset.errors_header", count=errors.num_rows)):
+            rows = errors.slice(0, ERRORS_SHOWN).to_pylist()
+            st.dataframe(pd.DataFrame({
+                t("dataset.error_file"): [Path(r["path"]).name for r in rows],
+                t("dataset.error_reason"): [error_text(r) for r in rows],
+            }), hide_index=True, width="stretch")
+            if errors.num_rows > ERRORS_SHOWN:
+                st.caption(t("dataset.errors_more", shown=ERRORS_SHOWN, count=errors.num_rows))
+
+
+page()
