@@ -66,6 +66,16 @@ def inferno_distance(colours: np.ndarray) -> np.ndarray:
     return np.abs(colours[:, None, :] - INFERNO[None]).max(-1).min(-1)
 
 
+def told_busy(page, others=(), timeout: float = 90_000) -> None:
+    """Wait for the sentence that every stream slot is taken; when it does not come, fail with what the page and
+    the ``others`` (pages that should hold the slots) show instead."""
+    try:
+        page.get_by_text(BUSY).wait_for(timeout=timeout)
+    except Exception as e:
+        seen = [p.locator("[data-testid='stMain']").inner_text(timeout=5_000)[-600:] for p in (page, *others)]
+        raise AssertionError(f"no '{BUSY}'; the pages showed: {seen}") from e
+
+
 def live_caption(page) -> str:
     page.get_by_text("heatmaps per second").wait_for(timeout=60_000)
     return page.get_by_text("heatmaps per second").inner_text()
@@ -179,7 +189,7 @@ def test_a_visitor_over_the_stream_cap_is_told_and_gets_the_slot_when_it_frees(s
 
         # the second presses the Start it was shown before the slot went: one sentence, no stream
         second.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start").click()
-        second.get_by_text(BUSY).wait_for(timeout=60_000)
+        told_busy(second, [first])
         second.wait_for_selector("iframe[title*='webrtc']", state="detached", timeout=30_000)  # no Start to press
         assert second.get_by_text("heatmaps per second").count() == 0
         assert second.locator("[data-testid='stException']").count() == 0
@@ -189,7 +199,7 @@ def test_a_visitor_over_the_stream_cap_is_told_and_gets_the_slot_when_it_frees(s
         third = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
         third.goto(server)
         third.get_by_text("Live camera", exact=True).click(timeout=120_000)
-        third.get_by_text(BUSY).wait_for(timeout=60_000)
+        told_busy(third, [first])
         third.context.close()
 
         first.context.close()  # the first visitor's tab goes away: its slot is freed
