@@ -29,6 +29,9 @@ import time
 from typing import Any, Callable, Hashable, Iterator
 
 IDLE_S = 30.0  # a stream whose camera sent nothing for this long has ended (its slot is taken back)
+# … and one whose browser tab has been gone this long: a WebSocket that drops and reconnects (a busy server, a
+# phone's network) comes back well within it, and keeps its stream
+GONE_S = 5.0
 GRACE_S = 0.7  # after a photo's capture its page still draws and sends the views: live frames wait that long
 PATIENCE_S = 2.0  # the longest a live frame waits for page work, so a busy server still updates the stream
 READY_POLL_S = 0.05  # how often a waiting live frame asks ``ready()`` again
@@ -40,17 +43,20 @@ class StreamSlots:
 
     :meth:`open` makes a stream only while a slot is free. A stream is anything with ``stopped``,
     ``idle_s()`` and ``stop()`` (:class:`attnviz.live.LiveProcessor`). It holds its slot until it has
-    stopped, its owner is gone (``alive(owner)`` is False: the browser tab closed) or no camera frame came
-    for ``idle_s`` seconds; such slots are taken back whenever the slots are counted, and a stream whose
-    slot is taken back is stopped, so no stream ever computes without one.
+    stopped, its owner has been gone for ``gone_s`` seconds (``alive(owner)`` False: the browser tab closed,
+    not a connection that drops and comes back) or no camera frame came for ``idle_s`` seconds; such slots
+    are taken back whenever the slots are counted, and a stream whose slot is taken back is stopped, so no
+    stream ever computes without one.
     """
 
-    def __init__(self, limit: int, alive: Callable[[Hashable], bool] = lambda owner: True, idle_s: float = IDLE_S):
+    def __init__(self, limit: int, alive: Callable[[Hashable], bool] = lambda owner: True, idle_s: float = IDLE_S,
+                 gone_s: float = GONE_S, clock: Callable[[], float] = time.monotonic):
         self.limit = max(0, limit)
         self._alive = alive
-        self._idle_s = idle_s
+        self._idle_s, self._gone_s, self._clock = idle_s, gone_s, clock
         self._lock = threading.Lock()
         self._held: dict[Any, Hashable] = {}  # stream → its owner (streams compare by identity)
+        self._gone: dict[Any, float] = {}  # stream → when its owner was first seen gone (since seen again: dropped)
 
     def open(self, owner: Hashable, make: Callable[[], Any]) -> Any | None:
         """``make()``'s stream, holding a slot for ``owner``; None (and nothing made) when all are taken."""
@@ -75,9 +81,16 @@ class StreamSlots:
             return self.limit - len(self._held)
 
     def _reclaim(self) -> None:
+        now = self._clock()
         for stream, owner in list(self._held.items()):
-            if stream.stopped or stream.idle_s() > self._idle_s or not self._alive(owner):
+            if self._alive(owner):
+                self._gone.pop(stream, None)
+                gone = False
+            else:
+                gone = now - self._gone.setdefault(stream, now) >= self._gone_s
+            if stream.stopped or stream.idle_s() > self._idle_s or gone:
                 del self._held[stream]
+                self._gone.pop(stream, None)
                 stream.stop()  # taken back from a stream that still runs: it computes no more frames
 
 

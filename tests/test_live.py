@@ -241,17 +241,26 @@ def test_slots_cap_streams_and_a_stopped_stream_frees_its_slot(tiny):
 def test_slots_are_taken_back_from_a_closed_tab_and_a_silent_camera(tiny):
     connected = {"a", "b"}
     now = [0.0]
-    slots = StreamSlots(2, alive=lambda owner: owner in connected, idle_s=5.0)
+    slots = StreamSlots(2, alive=lambda owner: owner in connected, idle_s=5.0, gone_s=2.0, clock=lambda: now[0])
     a = slots.open("a", lambda: idle_stream(tiny, clock=lambda: now[0]))
     b = slots.open("b", lambda: idle_stream(tiny, clock=lambda: now[0]))
+    connected.discard("b")  # b's connection drops …
+    assert slots.free() == 0 and slots.holds(b)
+    now[0] = 1.5
+    connected.add("b")  # … and comes back within 2 s: b keeps its stream
+    assert slots.free() == 0 and slots.holds(b) and not b.stopped
     connected.discard("a")  # a's browser tab went away
-    assert slots.free() == 1 and not slots.holds(a) and a.stopped  # taken back, and it computes no more
-    now[0] = 4.0  # b's camera keeps sending: 4 s between frames is under 5 s
+    assert slots.free() == 0 and slots.holds(a)  # not yet: it may come back
+    a.recv(camera_frame(0))
     b.recv(camera_frame(0))
-    now[0] = 8.0
+    now[0] = 3.5  # gone for 2 s
+    assert slots.free() == 1 and not slots.holds(a) and a.stopped  # taken back, and it computes no more
+    now[0] = 5.5  # b's camera keeps sending: 4 s between frames is under 5 s
     b.recv(camera_frame(1))
+    now[0] = 9.5
+    b.recv(camera_frame(2))
     assert slots.holds(b)
-    now[0] = 13.5  # then nothing for 5.5 s
+    now[0] = 15.0  # then nothing for 5.5 s
     assert slots.free() == 2 and b.stopped
 
 
