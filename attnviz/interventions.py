@@ -90,6 +90,21 @@ def block_forward(block: Block, x: torch.Tensor, heads_on: torch.Tensor | None =
     return x + block.ls2(block.mlp(block.norm2(x)))
 
 
+def class_rows(network: VisionTransformer, x: torch.Tensor) -> torch.Tensor:
+    """(B, N, D) stream (positions added, as :func:`embed` gives it) → (B, L, H, N): the class token's attention
+    row at every layer, softmax(q_cls · kᵀ · scale) for each head — what the live camera draws. The last block
+    runs only as far as its keys and the class token's query need."""
+    rows = []
+    last = len(network.blocks) - 1
+    for layer, block in enumerate(network.blocks):
+        record: list = []
+        x = block_forward(block, x, record=record, first=1 if layer == last else None)
+        q, k = record[0]  # (B, H, N, d_k) each
+        logits = (q[:, :, :1] @ k.transpose(-2, -1)) * block.attn.scale  # (B, H, 1, N)
+        rows.append(logits.softmax(-1)[:, :, 0])  # (B, H, N)
+    return torch.stack(rows, 1)
+
+
 def reads_class_token(network: VisionTransformer) -> bool:
     """Does ``network``'s output read the class token alone (class-token pooling, no attention pooling)? Then
     the last block needs only that token's output."""

@@ -4,7 +4,9 @@ Two pieces, both free of any web framework:
 
 - :func:`heatmap_frame` is the per-frame work — picture → the model's view → capture → class-token
   map → overlay. It is exactly :func:`attnviz.capture` followed by ``cls_map``: the same picture gives
-  the same map, so a frozen frame explored on the page shows what the stream showed.
+  the same map, so a frozen frame explored on the page shows what the stream showed. On a runtime whose
+  class-rows graph was checked exact against the capture (:class:`attnviz.runtimes.OnFirstUse`), it
+  computes only the class token's rows, the map's one need.
 - :class:`LiveProcessor` runs it on a thread of its own for a stream of frames. A new frame replaces
   one still waiting (drop, never queue), so the heatmap always follows the newest frame; the settings
   (layer, head, opacity, …) are one immutable object swapped whole, so a change applies from the next
@@ -33,6 +35,7 @@ from PIL import Image
 
 import attnviz.render as render
 from .capture import Head, capture_tensor
+from .softmax import fuse_heads, patch_grid
 from .images import as_rgb
 from .live_sharing import Priority, lower_priority
 from .models import Fit, Model
@@ -77,11 +80,18 @@ def heatmap_frame(image: Image.Image, settings: LiveSettings,
     start = time.perf_counter()
     image = as_rgb(image)  # the one conversion capture() makes too (16-bit, float, alpha, EXIF)
     view = model.view(image, settings.fit)  # the one preprocessing path: page, CLI and camera alike
-    cap = capture_tensor(model, model.to_input(view), between_layers)
-    layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
-    heads = cap.num_heads(layer) if callable(cap.num_heads) else cap.num_heads  # a staged model's vary by layer
-    head = settings.head if isinstance(settings.head, str) or settings.head < heads else "mean"
-    grid_map = cap.summary_map(layer, head)  # (h, w): the class token's row, or the mean received (at its stage's grid)
+    x = model.to_input(view)
+    rows = model.runtime.class_rows(x) if model.runtime is not None else None  # (L, H, N), where a graph gives them
+    if rows is not None:  # the class token's rows alone, checked exact against the capture's when first started
+        layer = min(settings.layer, rows.shape[0] - 1)
+        head = settings.head if isinstance(settings.head, str) or settings.head < rows.shape[1] else "mean"
+        grid_map = patch_grid(fuse_heads(rows[layer], head).numpy(), model.grid, model.num_prefix_tokens)
+    else:
+        cap = capture_tensor(model, x, between_layers)
+        layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
+        heads = cap.num_heads(layer) if callable(cap.num_heads) else cap.num_heads  # a staged model's vary by layer
+        head = settings.head if isinstance(settings.head, str) or settings.head < heads else "mean"
+        grid_map = cap.summary_map(layer, head)  # (h, w): the class token's row, or the mean received (its stage's grid)
     picture = render.overlay(view, grid_map, alpha=settings.alpha, cmap=settings.cmap, smooth=settings.smooth)
     if settings.display > picture.width:
         picture = render.enlarge(picture, settings.display)

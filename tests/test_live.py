@@ -491,3 +491,51 @@ def test_the_live_worker_gives_way_between_layers(tiny, monkeypatch):
         assert calls == [2, 2]  # one pause point per frame, reached after each of the 2 blocks
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("reg_tokens", [0, 4])
+def test_live_frames_on_a_runtime_draw_the_class_token_rows_alone_and_exactly(tmp_path, monkeypatch, reg_tokens):
+    """On a runtime a live frame runs the class-rows graph (no capture of every token's q and k); its map equals the
+    PyTorch capture's for every layer and head choice."""
+    pytest.importorskip("onnxruntime")
+    import attnviz.live as live
+
+    tiny = tiny_vit(reg_tokens=reg_tokens)
+    model = attnviz.fast(tiny, "onnxruntime", cache=tmp_path, threads=1)
+    frame = camera_frame(7)
+    reference = attnviz.capture(tiny, frame)  # PyTorch, the whole capture
+    monkeypatch.setattr(live, "capture_tensor", lambda *a, **k: pytest.fail("a live frame captured every token"))
+    for layer in range(2):
+        for head in ("mean", "max", "min", 0, 3):
+            got = heatmap_frame(frame, LiveSettings(model, layer=layer, head=head)).cls_map
+            assert got.shape == reference.grid
+            assert np.abs(got - reference.cls_map(layer, head)).max() <= 1e-5
+
+
+def test_a_rows_graph_that_is_not_exact_leaves_live_frames_on_the_capture(tmp_path, monkeypatch, caplog):
+    pytest.importorskip("onnxruntime")
+    from attnviz import runtimes
+
+    tiny = tiny_vit()
+    monkeypatch.setattr(runtimes, "rows_mismatch", lambda model, run: "it is off by 1.0e+00")
+    model = attnviz.fast(tiny, "onnxruntime", cache=tmp_path, threads=1)
+    frame = camera_frame(8)
+    with caplog.at_level("WARNING", logger="attnviz.runtimes"):
+        got = [heatmap_frame(frame, LiveSettings(model, layer=1, head="mean")).cls_map for _ in range(2)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "tiny draws live frames from the whole capture: on onnxruntime it is off by 1.0e+00"]  # once
+    assert model.runtime.class_rows(model.to_input(model.view(frame))) is None
+    for m in got:
+        assert np.abs(m - attnviz.capture(tiny, frame).cls_map(1, "mean")).max() <= 1e-5
+
+
+def test_the_rows_check_refuses_rows_that_are_not_the_capture_s():
+    from attnviz import runtimes
+
+    tiny = tiny_vit()
+    x = runtimes.probe(tiny)
+    exact = runtimes.rows_mismatch(tiny, lambda a: [torch.stack([attnviz.capture_tensor(tiny, x).layer_rows(l, 0)
+                                                                 for l in range(2)]).numpy()])
+    assert exact is None
+    swapped = lambda a: [torch.stack([attnviz.capture_tensor(tiny, x).layer_rows(l, 0) for l in (1, 0)]).numpy()]
+    assert runtimes.rows_mismatch(tiny, swapped).startswith("layer 0's class-token row differs from PyTorch's by")

@@ -71,8 +71,10 @@ class Runtime:
     threads: int
     run: Callable[[np.ndarray], list[np.ndarray]] = dataclasses.field(repr=False)
     # The blocks and head alone, on token sequences of any batch and length (the token-removal runs of
-    # attnviz.faithfulness), started on first use; None where the model is not a plain timm ViT.
-    blocks: Removal | None = dataclasses.field(default=None, repr=False)
+    # attnviz.faithfulness), and every layer's class-token row (the live camera's), each started on first use;
+    # None where the model is not a plain timm ViT (or, for the rows, has no class token).
+    blocks: OnFirstUse | None = dataclasses.field(default=None, repr=False)
+    rows: OnFirstUse | None = dataclasses.field(default=None, repr=False)
 
     def forward(self, x: torch.Tensor) -> Outputs:
         """(1, 3, S, S) float32 → the capture's output, q, k and token norms."""
@@ -84,6 +86,12 @@ class Runtime:
         """The blocks-and-head graph, started (and checked exact) on the first call; None where it is not exact
         or this model has none: token removal then runs on PyTorch."""
         return self.blocks.start() if self.blocks is not None else None
+
+    def class_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """(1, 3, S, S) float32 → (L, H, N): every layer's class-token row through the class-rows graph, started
+        (and checked exact) on the first call; None where it is not exact or this model has none."""
+        run = self.rows.start() if self.rows is not None else None
+        return class_rows(run, x) if run is not None else None
 
     def blocks_output(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, n, D) float32 token sequences → (B, C): what ``readout(run_blocks(tokens))`` gives in PyTorch (on
@@ -104,7 +112,7 @@ def fast(
     Args:
         threads: CPU threads per forward pass; PyTorch's current setting by default.
         cache: where exported graphs are kept; ``$ATTNVIZ_CACHE/runtimes`` by default.
-        removal: the installed runtime that runs token removal's graph (:class:`Removal`); ``runtime`` by default.
+        removal: the installed runtime that runs token removal's graph (:class:`OnFirstUse`); ``runtime`` by default.
 
     Raises :class:`ModelError` (one sentence) for a runtime attnviz does not know or whose package is
     not installed.
@@ -136,24 +144,33 @@ def fast(
         return base
     from .. import interventions
 
-    if interventions.refusal(base) is None:  # a plain timm ViT: token removal can run on the runtime too
-        candidate = dataclasses.replace(candidate, blocks=Removal(
-            base, removal or runtime, Path(cache) if cache is not None else default_cache()))
+    if interventions.refusal(base) is None:  # a plain timm ViT: token removal and live rows can run on the runtime too
+        folder = Path(cache) if cache is not None else default_cache()
+        candidate = dataclasses.replace(
+            candidate, blocks=OnFirstUse(base, removal or runtime, folder, "blocks"),
+            rows=OnFirstUse(base, runtime, folder, "rows", threads) if base.has_class_token else None)
     log.info("%s captures on %s (checked exact in %.1f s)%s", model.name, runtime, time.perf_counter() - start,
              f"; token removal on {removal or runtime}, checked on first use" if candidate.blocks is not None else "")
     return dataclasses.replace(model, runtime=candidate)
 
 
-class Removal:
-    """The blocks and head alone, on token sequences of any batch and length — the token-removal runs of
-    :mod:`attnviz.faithfulness` — exported, started and checked exact on first use: the graph holds 0.27 GB
-    (ONNX Runtime) to 0.48 GB (OpenVINO) once it has run its batches, which a server whose visitors never ask
-    for the curves should not pay. It runs one thread per call, and :func:`attnviz.faithfulness.outputs` makes
-    as many calls at once as there are cores (on 2 cores two 1-thread calls beat one 2-thread call)."""
+class OnFirstUse:
+    """One more graph of the model, exported, started and checked exact against PyTorch the first time it is
+    asked for, so that a server pays its memory only once a visitor needs it:
 
-    def __init__(self, model: Model, name: str, cache: Path) -> None:
-        self.runtime = name  # a key of RUNTIMES: which runtime runs this graph
-        self._model, self._cache = model, cache
+    - ``"blocks"``: the blocks and head alone, on token sequences of any batch and length — the token-removal runs
+      of :mod:`attnviz.faithfulness`; it holds 0.27 GB (ONNX Runtime) to 0.48 GB (OpenVINO) once it has run its
+      batches. It runs one thread per call, and :func:`attnviz.faithfulness.outputs` makes as many calls at once
+      as there are cores (on 2 cores two 1-thread calls beat one 2-thread call).
+    - ``"rows"``: every layer's class-token attention row — all the live camera draws — without every token's q
+      and k as outputs (a tenth less time per frame than the capture's graph, docs/live-camera.md).
+    """
+
+    FALLBACK = {"blocks": "removes tokens on PyTorch", "rows": "draws live frames from the whole capture"}
+
+    def __init__(self, model: Model, name: str, cache: Path, kind: str, threads: int = 1) -> None:
+        self.runtime, self.kind = name, kind  # a key of RUNTIMES, and of graph.GRAPHS
+        self._model, self._cache, self._threads = model, cache, threads
         self._lock = threading.Lock()
         self._run: Callable[[np.ndarray], list[np.ndarray]] | None = None
         self._why: str | None = None
@@ -162,17 +179,39 @@ class Removal:
         """The graph's function where it equals PyTorch on the probe, else None (with one line in the log, once)."""
         with self._lock:
             if self._run is None and self._why is None:
+                check = blocks_mismatch if self.kind == "blocks" else rows_mismatch
                 try:
-                    path = graph.exported(self._model, self._cache, "blocks")
-                    run = RUNTIMES[self.runtime].start(path, 1, batches=True)
-                    self._why = blocks_mismatch(self._model, run)
-                except Exception as e:  # noqa: BLE001 — as in fast(): token removal then runs on PyTorch
+                    path = graph.exported(self._model, self._cache, self.kind)
+                    run = RUNTIMES[self.runtime].start(path, self._threads, batches=self.kind == "blocks")
+                    self._why = check(self._model, run)
+                except Exception as e:  # noqa: BLE001 — as in fast(): PyTorch (or the capture) still does it
                     self._why = failed(e)
                 if self._why is None:
                     self._run = run
                 else:
-                    log.warning("%s removes tokens on PyTorch: on %s %s", self._model.name, self.runtime, self._why)
+                    log.warning("%s %s: on %s %s", self._model.name, self.FALLBACK[self.kind], self.runtime, self._why)
             return self._run
+
+
+def class_rows(run: Callable[[np.ndarray], list[np.ndarray]], x: torch.Tensor) -> torch.Tensor:
+    """(1, 3, S, S) float32 → (L, H, N) through the class-rows graph's function ``run``."""
+    return torch.from_numpy(np.asarray(run(np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32))[0]))
+
+
+@torch.inference_mode()
+def rows_mismatch(model: Model, run: Callable[[np.ndarray], list[np.ndarray]]) -> str | None:
+    """Why the class-rows graph's function ``run`` is not the PyTorch capture's class-token rows on the probe
+    (each weight within ``TOLERANCE``), or None when it is."""
+    x = probe(model)
+    reference = capture_tensor(model, x)
+    got = class_rows(run, x)
+    if got.shape != (reference.num_layers, reference.num_heads, reference.num_tokens):
+        return f"the class-token rows differ in shape: {tuple(got.shape)}"
+    for layer in range(reference.num_layers):
+        off = float((reference.layer_rows(layer, 0) - got[layer]).abs().max())
+        if not off <= TOLERANCE:
+            return f"layer {layer}'s class-token row differs from PyTorch's by {off:.1e} (allowed {TOLERANCE:.0e})"
+    return None
 
 
 def blocks_output(run: Callable[[np.ndarray], list[np.ndarray]], tokens: torch.Tensor) -> torch.Tensor:

@@ -70,10 +70,26 @@ class BlocksForward(torch.nn.Module):
         return interventions.readout(self.network, interventions.run_blocks(self.network, tokens, for_readout=True))
 
 
+class ClassRowsForward(torch.nn.Module):
+    """(1, 3, S, S) → (L, H, N): every layer's class-token attention row (:func:`attnviz.interventions.class_rows`),
+    the live camera's one need, without every token's q and k as outputs (plain timm ViTs with a class token)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.network = model.network
+        self.eval()  # as CaptureForward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .. import interventions
+
+        return interventions.class_rows(self.network, interventions.embed(self.network, x))[0]
+
+
 GRAPHS = {  # kind → (module, example input, dynamic axes): what each exported file computes
     "capture": (CaptureForward, lambda model: torch.zeros(1, 3, model.size, model.size), None),
     "blocks": (BlocksForward, lambda model: torch.zeros(2, model.num_tokens, model.embed_dim),
                {"input": {0: "batch", 1: "tokens"}, "output": {0: "batch"}}),
+    "rows": (ClassRowsForward, lambda model: torch.zeros(1, 3, model.size, model.size), None),
 }
 
 
@@ -93,7 +109,7 @@ def exported(model, folder: Path, kind: str = "capture") -> Path:
     ("blocks"), exported on first use (a few seconds)."""
     module, example, dynamic = GRAPHS[kind]
     code = [sys.modules[type(model.adapter).__module__].__file__, __file__]  # what decides the traced ops
-    if kind == "blocks":
+    if kind in ("blocks", "rows"):
         code.append(str(Path(__file__).parents[1] / "interventions.py"))
     key = hashlib.sha256("|".join([
         kind, model.name, str(model.size), model.adapter.family, torch.__version__, __version__, str(OPSET),
