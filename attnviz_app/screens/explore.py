@@ -57,8 +57,12 @@ def page() -> None:
         from attnviz_app.views import stages
 
         with result:
-            stages.show(model, cap, model.view(checked.image, settings.fit), alpha, cmap, smooth, classroom.narrow(),
-                            recall)
+            stages.show(views.Context(  # Layer and Head left as they are: the Stage view has its own per stage
+                model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=cap.num_layers - 1,
+                head="mean",
+                alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit, cap_key=cap_key, narrow=classroom.narrow(),
+                recall=recall,
+            ))
         st.stop()
 
     heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]

@@ -63,7 +63,8 @@ def show(ctx: Context) -> None:
                 reading = reading.rstrip() + "\n- " + sentence
             st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
-        download_png(ctx.deferred(picture_of, *drawn), f"attention_layer{ctx.layer + 1}_head{head_part}.png", key="download_cls")
+        download_png(ctx.deferred(picture_of, *drawn), f"attention_layer{ctx.layer + 1}_head{head_part}.png",
+                     key="download_cls")
         download_figure(ctx, ("cls",), (ctx.layer,), (ctx.head,), f"attention_layer{ctx.layer + 1}_head{head_part}",
                         key="download_cls_figure")
         take_away(ctx)  # the interactive page and the layer sweep (views/takeaway.py)

@@ -54,7 +54,8 @@ def show(ctx: Context) -> None:
     st.subheader(t("analysis.mask.title", mass=percent))
     if source == ONE:
         mask = mass_mask(cap.summary_map(ctx.layer, ctx.head), percent / 100)
-        st.image(enlarge(draw_mask(ctx.view, mask.keep)), caption=f"{t('view.layer')} {ctx.layer + 1}, {head_label(ctx.head)}")
+        st.image(enlarge(draw_mask(ctx.view, mask.keep)),
+                 caption=f"{t('view.layer')} {ctx.layer + 1}, {head_label(ctx.head)}")
         st.markdown(t(
             "analysis.mask.caption", count=mask.count, patches=h * w, area=100 * mask.count / (h * w),
             mass=100 * mask.mass,

@@ -81,7 +81,8 @@ def show(ctx: Context) -> None:
         clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow)
         st.caption(t("analysis.query.caption"))
         colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.query.units", n=cap.num_tokens))
-        download_png(ctx.deferred(picture_of, *drawn), f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png", key="download_query")
+        download_png(ctx.deferred(picture_of, *drawn), f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png",
+                     key="download_query")
     with right:
         st.subheader(t("analysis.query.prefix_header"))
         st.caption(t("analysis.query.prefix_body"))

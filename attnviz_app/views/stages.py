@@ -15,6 +15,7 @@ from attnviz.capture import HEAD_FUSIONS
 from ..text import t
 from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
                      head_part, mark_patch, selected_points)
+from .base import Context
 from .takeaway import files
 
 CHART_KEY = "stage_query_chart"
@@ -133,13 +134,12 @@ def query_picture(cap, view, layer: int, head, patch: tuple[int, int], alpha: fl
     return mark_patch(window_lines(picture, cap, layer, token), lay.grid, patch)
 
 
-def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool = False, recall=None) -> None:
-    """The Stage view; ``recall`` (:class:`attnviz_app.ui.Recall`) gives its downloads the capture when clicked."""
+def show(ctx: Context) -> None:
+    """The Stage view. It reads the display controls of ``ctx`` (opacity, colours, smoothing) and not its Layer and
+    Head: each stage has its own Block and Head boxes here. Its downloads get the capture back when clicked."""
+    model, cap, view, narrow = ctx.model, ctx.cap, ctx.view, ctx.narrow
+    alpha, cmap, smooth = ctx.alpha, ctx.cmap, ctx.smooth
     stages = cap.stages
-    later = (recall.capture, recall.view) if recall is not None else ((lambda: cap), (lambda: view))
-
-    def deferred(draw, *args):  # as views.Context.deferred: a download's picture, drawn when clicked
-        return lambda: draw(later[0](), later[1](), *args)
 
     st.info(intro(model, cap))
     stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
@@ -195,8 +195,8 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
         st.image(picture, width=min(picture.width, width))
         st.caption(caption)
         colour_scale(grid_map, cmap, min(picture.width, width), units)
-        download_png(deferred(summary_picture, *drawn), f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_{name}.png",
-                     key="download_stage")
+        download_png(ctx.deferred(summary_picture, *drawn),
+                     f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_{name}.png", key="download_stage")
     else:
         h, w = lay.grid  # the queries' grid; the map is drawn at the keys' grid
         row, col = st.session_state.get("stage_query", (h // 2, w // 2))
@@ -219,7 +219,8 @@ def show(model, cap, view, alpha: float, cmap: str, smooth: bool, narrow: bool =
             st.markdown(t("stages.self_weight", weight=float(grid_map[row, col]), top=float(np.max(grid_map))))
         else:
             st.markdown(t("stages.top_weight", top=float(np.max(grid_map))))
-        download_png(deferred(query_picture, *drawn), f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
+        download_png(ctx.deferred(query_picture, *drawn),
+                     f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
                      key="download_stage_query")
-    files(model, cap, "mean", alpha, cmap, later)  # every (stage, block) as the interactive page and the GIF
+    files(model, cap, "mean", alpha, cmap, ctx.later())  # every (stage, block) as the interactive page and the GIF
     st.caption(t("stages.not_drawn"))
