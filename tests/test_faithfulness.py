@@ -265,16 +265,17 @@ def test_token_removal_on_a_runtime_equals_the_reference(runtime, tiny_classifie
 
 
 def test_a_server_on_auto_captures_on_onnx_runtime_and_removes_tokens_on_openvino(tiny_classifier, tmp_path, caplog):
-    """ATTNVIZ_RUNTIME=auto: captures on ONNX Runtime (the lighter in memory), token removal's graph on OpenVINO
-    (the faster at its batches), that graph started on first use — and the curves exact either way."""
+    """ATTNVIZ_RUNTIME=auto: captures on ONNX Runtime (the lighter in memory), token removal's and the live camera's
+    graphs on OpenVINO (the faster at them), each started on first use — and the curves exact either way."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("openvino")
     from attnviz import runtimes
 
     with caplog.at_level("INFO", logger="attnviz.runtimes"):
         model = runtimes.on_runtime(tiny_classifier, "auto", cache=tmp_path)
-    assert model.runtime.name == "onnxruntime" and model.runtime.blocks.runtime == "openvino"
-    assert any("token removal on openvino, checked on first use" in r.getMessage() for r in caplog.records)
+    assert model.runtime.name == "onnxruntime" and model.runtime.blocks.runtime == model.runtime.rows.runtime == "openvino"
+    assert any("token removal on openvino and live frames on openvino, each checked on first use" in r.getMessage()
+               for r in caplog.records)
     cap = capture_of(model, seed=4)
     result = fa.faithfulness(model, cap, fill="token", random_orders=1)
     assert model.runtime.removal() is not None

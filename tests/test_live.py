@@ -493,15 +493,19 @@ def test_the_live_worker_gives_way_between_layers(tiny, monkeypatch):
         proc.stop()
 
 
+@pytest.mark.parametrize("rows", ["onnxruntime", "openvino"])
 @pytest.mark.parametrize("reg_tokens", [0, 4])
-def test_live_frames_on_a_runtime_draw_the_class_token_rows_alone_and_exactly(tmp_path, monkeypatch, reg_tokens):
+def test_live_frames_on_a_runtime_draw_the_class_token_rows_alone_and_exactly(tmp_path, monkeypatch, reg_tokens, rows):
     """On a runtime a live frame runs the class-rows graph (no capture of every token's q and k); its map equals the
-    PyTorch capture's for every layer and head choice."""
+    PyTorch capture's for every layer and head choice — on either runtime, beside captures on ONNX Runtime (a server
+    on ``auto`` with both installed runs the rows on OpenVINO)."""
     pytest.importorskip("onnxruntime")
+    pytest.importorskip(rows)
     import attnviz.live as live
 
     tiny = tiny_vit(reg_tokens=reg_tokens)
-    model = attnviz.fast(tiny, "onnxruntime", cache=tmp_path, threads=1)
+    model = attnviz.fast(tiny, "onnxruntime", cache=tmp_path, threads=1, rows=rows)
+    assert model.runtime.rows.runtime == rows
     frame = camera_frame(7)
     reference = attnviz.capture(tiny, frame)  # PyTorch, the whole capture
     monkeypatch.setattr(live, "capture_tensor", lambda *a, **k: pytest.fail("a live frame captured every token"))

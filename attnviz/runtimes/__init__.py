@@ -46,6 +46,9 @@ PREFERENCE = ("onnxruntime", "openvino")
 # fastest: OpenVINO took 3.87 s for all maps' curves against ONNX Runtime's 4.57 s (4.60 s against 5.58 s in a
 # slower hour), for 0.48 GB against 0.27 GB once it has run (docs/faithfulness.md).
 REMOVAL_PREFERENCE = ("openvino", "onnxruntime")
+# ... and the live camera's class-rows graph, started on the first live frame: one frame at one thread took 46 ms on
+# OpenVINO against 63 ms on ONNX Runtime (December 3), for about 0.16 GB more once started (docs/live-camera.md).
+ROWS_PREFERENCE = ("openvino", "onnxruntime")
 TOLERANCE = 1e-5
 INSTALL = "pip install 'attnviz[fast]'"
 log = logging.getLogger("attnviz.runtimes")
@@ -104,7 +107,7 @@ class Runtime:
 
 def fast(
     model: Model, runtime: str = DEFAULT, *, threads: int | None = None, cache: str | Path | None = None,
-    removal: str | None = None,
+    removal: str | None = None, rows: str | None = None,
 ) -> Model:
     """``model`` with its captures computed on ``runtime`` ("openvino" or "onnxruntime") where that is
     exact, else ``model`` itself with one line in the log saying why.
@@ -113,6 +116,8 @@ def fast(
         threads: CPU threads per forward pass; PyTorch's current setting by default.
         cache: where exported graphs are kept; ``$ATTNVIZ_CACHE/runtimes`` by default.
         removal: the installed runtime that runs token removal's graph (:class:`OnFirstUse`); ``runtime`` by default.
+        rows: the installed runtime that runs the live camera's class-rows graph (:class:`OnFirstUse`); ``runtime``
+            by default.
 
     Raises :class:`ModelError` (one sentence) for a runtime attnviz does not know or whose package is
     not installed.
@@ -148,9 +153,10 @@ def fast(
         folder = Path(cache) if cache is not None else default_cache()
         candidate = dataclasses.replace(
             candidate, blocks=OnFirstUse(base, removal or runtime, folder, "blocks"),
-            rows=OnFirstUse(base, runtime, folder, "rows", threads) if base.has_class_token else None)
+            rows=OnFirstUse(base, rows or runtime, folder, "rows", threads) if base.has_class_token else None)
     log.info("%s captures on %s (checked exact in %.1f s)%s", model.name, runtime, time.perf_counter() - start,
-             f"; token removal on {removal or runtime}, checked on first use" if candidate.blocks is not None else "")
+             f"; token removal on {removal or runtime} and live frames on {rows or runtime}, each checked on first use"
+             if candidate.blocks is not None else "")
     return dataclasses.replace(model, runtime=candidate)
 
 
@@ -279,9 +285,13 @@ def on_runtime(model: Model, wanted: str = "auto", *, threads: int | None = None
     if names[0] not in installed():
         log.warning("%s stays on PyTorch: the %s runtime is not installed (%s)", model.name, names[0], INSTALL)
         return model
-    # auto: token removal on the installed runtime fastest at it (bench.faithfulness), its graph started on first use
-    removal = next((name for name in REMOVAL_PREFERENCE if name in installed()), None) if wanted == "auto" else None
-    return fast(model, names[0], threads=threads, cache=cache, removal=removal)
+    # auto: token removal and live frames each on the installed runtime fastest at it (bench.faithfulness,
+    # bench.runtimes --rows), their graphs started on first use
+    def fastest(preference: tuple[str, ...]) -> str | None:
+        return next((name for name in preference if name in installed()), None) if wanted == "auto" else None
+
+    return fast(model, names[0], threads=threads, cache=cache, removal=fastest(REMOVAL_PREFERENCE),
+                rows=fastest(ROWS_PREFERENCE))
 
 
 def default_cache() -> Path:
