@@ -141,7 +141,6 @@ class LiveProcessor:
         placeholder: Any = None,
         nice: int = 0,
         priority: Priority | None = None,
-        ready: Callable[[], bool] | None = None,
     ):
         """``workers`` frames are computed at once, each with ``threads`` PyTorch threads (``None``: the
         process's setting). One worker using every core gives the shortest delay; on a crowded machine
@@ -152,8 +151,8 @@ class LiveProcessor:
         its own nice value; elsewhere it is ignored): the rest of the process — a page's upload, say —
         gets the CPU first, and the stream's frames are computed with what is left (more are dropped).
         ``priority``: the server's :class:`attnviz.live_sharing.Priority`; each frame is computed inside
-        its ``background(ready)``, so no frame starts while a visitor's photo is being worked on or
-        while ``ready()`` says the server is behind, and the streams take turns."""
+        its ``background()``, so frames get only the cores a visitor's photo leaves, and the streams take
+        turns."""
         self.settings = settings  # replaced whole by other threads; read once per frame
         self._placeholder = placeholder  # sent until the first heatmap (None: the camera frame itself)
         self._encode = encode
@@ -161,7 +160,6 @@ class LiveProcessor:
         self._threads = threads
         self._nice = nice
         self._priority = priority
-        self._ready = ready
         self._last_frame = clock()  # arrival of the newest camera frame (the start, until one comes)
         self._wake = threading.Condition()
         self._pending: tuple[Any, float] | None = None  # (frame, arrival time), at most one
@@ -252,7 +250,7 @@ class LiveProcessor:
         if self._threads is not None:
             torch.set_num_threads(self._threads)  # OpenMP's setting is per thread: other captures keep theirs
         if self._priority is not None:
-            turn = functools.partial(self._priority.background, ready=self._ready, stream=self)
+            turn = functools.partial(self._priority.background, stream=self)
         else:
             turn = contextlib.nullcontext
         while True:

@@ -7,11 +7,10 @@ slows an upload even on a core of its own. Three rules keep the streams from tak
 - :class:`StreamSlots`: at most ``limit`` streams at once (the owner's ``ATTNVIZ_LIVE_STREAMS``); a
   stream holds its slot until it stops, its owner (a browser session) is gone, or its camera falls silent.
 - :class:`Priority`: page work comes first. While a photo is decoded or captured
-  (``with priority.foreground():``), and for ``grace_s`` after, no live frame starts; nor while the
-  server's event loop is slow to answer (``background(ready=…)``: the page asks Streamlit's loop, which
-  carries every upload, page update and the video itself); live frames take turns, ``background`` at
-  once server-wide, in the order they asked. A frame already running when a photo arrives stops at its
-  next layer until the photo is done (``pause_point``). Waiting holds neither a core nor the GIL.
+  (``with priority.foreground():``), and for ``grace_s`` after, it takes a core, and live frames get only
+  the cores left (none on a one-core server); live frames take turns, ``background`` at once
+  server-wide, in the order they asked. A frame already running stops at its next layer while page work takes every core
+  (``pause_point``). Waiting holds neither a core nor the GIL.
 - :func:`lower_priority`: the threads that compute live frames run at a lower OS priority, so in the
   CPU time left between uploads the rest of the server still goes first.
 
@@ -34,7 +33,6 @@ IDLE_S = 30.0  # a stream whose camera sent nothing for this long has ended (its
 GONE_S = 5.0
 GRACE_S = 0.7  # after a photo's capture its page still draws and sends the views: live frames wait that long
 PATIENCE_S = 2.0  # the longest a live frame waits for page work, so a busy server still updates the stream
-READY_POLL_S = 0.05  # how often a waiting live frame asks ``ready()`` again
 ALONE_S = 1.0  # a stream that asked for no turn this long is not counted: another stream is alone
 
 
@@ -98,26 +96,36 @@ class Priority:
     """Who computes first in one server process: page work before live frames, live frames in turn.
 
     ``foreground()`` wraps page work (a visitor's photo being decoded and captured). ``background(stream=…)``
-    wraps one live frame: it waits until no page work has run for ``grace_s`` seconds and ``ready()``
-    (when given) says the server keeps up (together at most ``patience_s``), then for a turn, given in the
-    order they were asked for, so streams share the live compute evenly. There are ``background`` turns
-    while several streams ask, so that at most that many frames compete with the rest of the server (one,
+    wraps one live frame: it waits for a turn, given in the order they were asked for, so streams share the live
+    compute evenly. There are ``background`` turns while several streams ask, so that at most that many frames compete with the rest of the server (one,
     on two cores: a photo uploaded beside three streams then waits least), and ``alone`` turns while only one
-    stream has asked in the last ``ALONE_S`` seconds: a lone viewer's frames use both cores (a forward pass
-    on a runtime releases Python's GIL; docs/live-camera.md).
+    stream has asked in the last ``ALONE_S`` seconds: a lone viewer's frames use both cores (a forward pass on a
+    runtime releases Python's GIL; docs/live-camera.md).
+
+    Page work comes first: of the ``cores`` this process computes on, each piece of page work running now (or
+    ended less than ``grace_s`` ago: its page still draws and sends its views) takes one, and live frames get
+    only the cores left — on one core none while a photo is worked on, on two cores one. A frame waits for
+    that at most ``patience_s`` in all, so a busy server still updates its streams.
     """
 
     def __init__(self, background: int = 1, grace_s: float = GRACE_S, patience_s: float = PATIENCE_S,
-                 clock: Callable[[], float] = time.monotonic, alone: int | None = None):
+                 clock: Callable[[], float] = time.monotonic, alone: int | None = None, cores: int = 1):
         self.turns = max(1, background)
         self.alone = max(self.turns, alone or 0)  # the most frames at once: a lone stream's workers
+        self.cores = max(1, cores)
         self._grace_s, self._patience_s, self._clock = grace_s, patience_s, clock
         self._changed = threading.Condition()
         self._foreground = 0  # page work running now
         self._ended = -float("inf")  # when the last page work ended (clock time)
         self._running = 0  # live frames computing now
         self._asked: dict[int, float] = {}  # id of a stream → when it last asked (ids: a stopped stream is not kept)
-        self._queue: collections.deque[threading.Event] = collections.deque()  # live frames waiting, oldest first
+        self._line: collections.deque[object] = collections.deque()  # live frames waiting for a turn, oldest first
+
+    @classmethod
+    def server(cls, cores: int) -> Priority:
+        """A server's rules on ``cores`` cores: one turn per two cores while several streams run, one per core for
+        a lone stream, and page work first on every core."""
+        return cls(background=max(1, cores // 2), alone=cores, cores=cores)
 
     @contextlib.contextmanager
     def foreground(self) -> Iterator[None]:
@@ -135,61 +143,68 @@ class Priority:
     def busy(self) -> bool:
         """Is page work running, or did it end less than ``grace_s`` ago?"""
         with self._changed:
-            return self._foreground > 0 or self._clock() - self._ended < self._grace_s
+            return self._page_work(self._clock()) > 0
 
     @contextlib.contextmanager
-    def background(self, ready: Callable[[], bool] | None = None, stream: Hashable = None) -> Iterator[None]:
+    def background(self, stream: Hashable = None) -> Iterator[None]:
         deadline = self._clock() + self._patience_s
-        self._wait_for_quiet(deadline)
-        while ready is not None and not ready() and self._clock() < deadline:
-            time.sleep(READY_POLL_S)
-        self._take_turn(stream)
+        self._take_turn(stream, deadline)
         try:
             yield
         finally:
-            self._give_turn()
-
-    def _turns_now(self) -> int:
-        """How many frames may compute at once now (the lock held): ``alone`` while one stream asks, else ``turns``."""
-        now = self._clock()
-        for stream, when in list(self._asked.items()):
-            if now - when > ALONE_S:
-                del self._asked[stream]
-        return self.alone if len(self._asked) <= 1 else self.turns
+            with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
 
     def pause_point(self) -> Callable[[], None]:
         """For one live frame already running: a function to call between its layers
-        (``capture_tensor(…, between_layers=…)``). While page work runs, or ran less than ``grace_s`` ago,
-        it waits — holding neither a core nor the GIL — so a photo that arrives mid-frame does not share
-        the cores with the rest of that frame; all of one frame's waits together last at most ``patience_s``."""
+        (``capture_tensor(…, between_layers=…)``). While page work takes every core (on two cores: two photos at
+        once, or one on a one-core server) it waits — holding neither a core nor the GIL — so a photo that arrives
+        mid-frame does not share its core with the rest of that frame; all of one frame's waits together last at
+        most ``patience_s``."""
         deadline = self._clock() + self._patience_s
-        return lambda: self._wait_for_quiet(deadline)
+        return lambda: self._wait_for_a_core(deadline)
 
-    def _wait_for_quiet(self, deadline: float) -> None:
+    def _page_work(self, now: float) -> int:
+        """Cores page work takes now (the lock held): one per photo being worked on, or one in the grace after."""
+        return self._foreground or int(now - self._ended < self._grace_s)
+
+    def _turns_now(self, now: float, deadline: float) -> int:
+        """How many frames may compute at once now (the lock held): ``alone`` while one stream asks, else
+        ``turns``; before ``deadline``, no more than the cores page work leaves."""
+        for stream, when in list(self._asked.items()):
+            if now - when > ALONE_S:
+                del self._asked[stream]
+        turns = self.alone if len(self._asked) <= 1 else self.turns
+        page_work = self._page_work(now)
+        return min(turns, self.cores - page_work) if page_work and now < deadline else turns
+
+    def _next_change(self, now: float, deadline: float) -> float | None:
+        """Seconds until the grace after page work or the frame's patience ends, whichever comes first."""
+        ahead = [t - now for t in (self._ended + self._grace_s, deadline) if t > now]
+        return min(ahead) if ahead else None
+
+    def _take_turn(self, stream: Hashable, deadline: float) -> None:
+        me = object()
+        with self._changed:
+            self._asked[id(stream)] = self._clock()
+            self._line.append(me)
+            while True:
+                now = self._clock()
+                if self._line[0] is me and self._running < self._turns_now(now, deadline):
+                    break
+                self._changed.wait(self._next_change(now, deadline))
+            self._line.popleft()
+            self._running += 1
+            self._changed.notify_all()  # the next in line may fit too
+
+    def _wait_for_a_core(self, deadline: float) -> None:
         with self._changed:
             while True:
                 now = self._clock()
-                quiet_in = self._ended + self._grace_s - now if self._foreground == 0 else deadline - now
-                if (self._foreground == 0 and quiet_in <= 0) or now >= deadline:
+                if now >= deadline or self._page_work(now) < self.cores:
                     return
-                self._changed.wait(min(quiet_in, deadline - now))
-
-    def _take_turn(self, stream: Hashable) -> None:
-        with self._changed:
-            self._asked[id(stream)] = self._clock()
-            if self._running < self._turns_now() and not self._queue:
-                self._running += 1
-                return
-            turn = threading.Event()
-            self._queue.append(turn)
-        turn.wait()  # _give_turn hands this turn over directly: nobody can take it first
-
-    def _give_turn(self) -> None:
-        with self._changed:
-            self._running -= 1
-            while self._queue and self._running < self._turns_now():
-                self._running += 1
-                self._queue.popleft().set()
+                self._changed.wait(self._next_change(now, deadline))
 
 
 def lower_priority(nice: int) -> None:

@@ -17,14 +17,12 @@ import io
 import json
 import math
 import os
-import threading
 import time
 
 import av
 import streamlit as st
 from PIL import Image
 from streamlit_webrtc import WebRtcMode, webrtc_streamer
-from streamlit_webrtc.eventloop import get_global_event_loop
 
 import attnviz
 from attnviz import render, serving
@@ -49,7 +47,6 @@ SLOT_POLL_S = 2.0  # how often a turned-away page looks for a free slot
 # Streamlit collects all the garbage of the process (runner.postScriptGC) while holding the GIL: ~20 ms
 # in which the event loop carries no one's upload. 2 s halves what 1 s cost; the rate is a 3 s average.
 SPEED_EVERY_S = 2.0
-LOOP_ANSWER_S = 0.005  # a live frame starts only when the server's event loop answers this fast (idle: ~0.1 ms)
 
 
 def parse_ice_servers(raw) -> list[dict]:
@@ -133,24 +130,10 @@ def make_processor(shared: StreamSlots, owner: str, first: LiveSettings, order: 
     thread, so everything it needs from the session is handed in."""
     dark = placeholder(first.model)
     made = shared.open(owner, lambda: LiveProcessor(
-        first, encode=to_video_frame, placeholder=dark, nice=LIVE_NICE, priority=order, ready=loop_keeps_up,
+        first, encode=to_video_frame, placeholder=dark, nice=LIVE_NICE, priority=order,
         workers=order.alone,  # a lone stream may use a turn per core
     ))
     return made or LiveProcessor(first, encode=to_video_frame, placeholder=dark, workers=0)
-
-
-def loop_keeps_up() -> bool:
-    """Does Streamlit's event loop run a callback within LOOP_ANSWER_S? It carries every visitor's upload,
-    page update and this very video; a live frame started while it lags would slow them all further (the
-    frame's forward pass competes with the loop for Python's GIL)."""
-    answered = threading.Event()
-    start = time.perf_counter()
-    try:
-        get_global_event_loop().call_soon_threadsafe(answered.set)
-    except Exception:  # no loop (the server is stopping, or none runs): nothing to wait for
-        return True
-    answered.wait(1.0)
-    return time.perf_counter() - start <= LOOP_ANSWER_S
 
 
 def _session_id() -> str:

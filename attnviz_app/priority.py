@@ -17,4 +17,4 @@ from attnviz.live_sharing import Priority
 @st.cache_resource(show_spinner=False)
 def priority() -> Priority:
     """The server's one Priority, shared by every browser session."""
-    return Priority(background=max(1, core_count() // 2), alone=core_count())
+    return Priority.server(core_count())

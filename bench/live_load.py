@@ -203,7 +203,7 @@ def in_process(streams: int, uploads: int) -> list[tuple[str, float, list[float]
     settings = [("no live stream", 0, 0, None), (f"{streams} streams, ordinary priority", streams, 0, None),
                 (f"{streams} streams, nice 19", streams, 19, None),
                 (f"{streams} streams, nice 19 + Priority (as the page runs them)", streams, 19,
-                 Priority(background=max(1, core_count() // 2)))]
+                 Priority.server(core_count()))]
     return [(name, *run(count, nice, order)) for name, count, nice, order in settings]
 
 

@@ -404,26 +404,48 @@ def test_a_lone_stream_gets_a_turn_per_core_and_several_share_one():
     assert most == {"alone": 2, "several": 1}
 
 
-def test_a_live_frame_waits_while_the_server_says_it_is_behind(tiny):
-    """``ready`` (on the page: Streamlit's event loop answers within 5 ms) holds frames back, within patience."""
-    answers = iter([False, False, False, True])
-    asked: list[float] = []
+def test_on_two_cores_live_frames_take_only_the_core_page_work_leaves():
+    """Page work takes a core each (and one in its grace after): on two cores a photo leaves one core to the live
+    frames — a lone stream's two workers then compute one at a time — and two photos leave none."""
+    order = Priority.server(2)
+    assert (order.turns, order.alone, order.cores) == (1, 2, 2)
+    order = Priority(background=1, alone=2, grace_s=0.3, patience_s=10.0, cores=2)
+    computing, most, started, lock = [0], [0], [], threading.Lock()
 
-    def ready():
-        asked.append(time.monotonic())
-        return next(answers, True)
+    def frame():
+        with order.background(stream="a"):
+            with lock:
+                started.append(time.monotonic())
+                computing[0] += 1
+                most[0] = max(most[0], computing[0])
+            time.sleep(0.2)
+            with lock:
+                computing[0] -= 1
 
-    proc = LiveProcessor(LiveSettings(tiny, layer=1), priority=Priority(grace_s=0.0), ready=ready)
-    try:
-        proc.recv(camera_frame(3))
-        wait_for(lambda: proc.latest is not None)
-        assert len(asked) == 4 and asked[-1] - asked[0] >= 0.1  # asked again every 50 ms until it said yes
-    finally:
-        proc.stop()
-    never = Priority(grace_s=0.0, patience_s=0.3)
-    start = time.monotonic()
-    with never.background(ready=lambda: False):  # a server that never catches up still gets a frame
-        assert 0.3 <= time.monotonic() - start < 3.0
+    def frames(n):
+        threads = [threading.Thread(target=frame) for _ in range(n)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    with order.foreground():  # one photo: one core left
+        asked = time.monotonic()
+        for thread in frames(2):
+            thread.join(30)
+        assert most[0] == 1 and started[0] - asked < 0.15 and started[1] - started[0] >= 0.2
+    with order.foreground(), order.foreground():  # two photos at once: no core left
+        threads = frames(1)
+        time.sleep(0.4)
+        assert len(started) == 2
+        ended = time.monotonic()
+    for thread in threads:
+        thread.join(30)
+    assert len(started) == 3 and started[2] - ended < 0.25  # the grace takes one core, the frame the other
+    pause = order.pause_point()
+    with order.foreground():
+        start = time.monotonic()
+        pause()  # a frame already running goes on beside one photo
+        assert time.monotonic() - start < 0.1
 
 
 def test_a_running_frame_stops_at_its_next_layer_while_a_photo_is_captured(tiny):
