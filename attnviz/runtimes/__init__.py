@@ -46,8 +46,9 @@ PREFERENCE = ("onnxruntime", "openvino")
 # fastest: OpenVINO took 3.87 s for all maps' curves against ONNX Runtime's 4.57 s (4.60 s against 5.58 s in a
 # slower hour), for 0.48 GB against 0.27 GB once it has run (docs/faithfulness.md).
 REMOVAL_PREFERENCE = ("openvino", "onnxruntime")
-# ... and the live camera's class-rows graph, started on the first live frame: one frame at one thread took 46 ms on
-# OpenVINO against 63 ms on ONNX Runtime (December 3), for about 0.16 GB more once started (docs/live-camera.md).
+# ... and the live camera's class-rows graph, started on the first live frame: one frame at one thread took 54 ms on
+# OpenVINO against 69 ms on ONNX Runtime (bench.runtimes --live, December 3), for 0.19 GB more once started
+# (+271 MB against +81 MB; docs/live-camera.md).
 ROWS_PREFERENCE = ("openvino", "onnxruntime")
 TOLERANCE = 1e-5
 INSTALL = "pip install 'attnviz[fast]'"
