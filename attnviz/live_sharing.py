@@ -97,9 +97,9 @@ class Priority:
 
     ``foreground()`` wraps page work (a visitor's photo being decoded and captured). ``background(stream=…)``
     wraps one live frame: it waits for a turn, given in the order they were asked for, so streams share the live
-    compute evenly. There are ``background`` turns while several streams ask, so that at most that many frames compete with the rest of the server (one,
-    on two cores: a photo uploaded beside three streams then waits least), and ``alone`` turns while only one
-    stream has asked in the last ``ALONE_S`` seconds: a lone viewer's frames use both cores (a forward pass on a
+    compute evenly. There are ``background`` turns while several streams ask, so that at most that many frames
+    compete with the rest of the server (one, on two cores: a photo uploaded beside three streams then waits
+    least), and ``alone`` turns while only one stream has asked in the last ``ALONE_S`` seconds: a lone viewer's frames use both cores (a forward pass on a
     runtime releases Python's GIL; docs/live-camera.md).
 
     Page work comes first: of the ``cores`` this process computes on, each piece of page work running now (or
