@@ -9,8 +9,8 @@ slows an upload even on a core of its own. Three rules keep the streams from tak
 - :class:`Priority`: page work comes first. While a photo is decoded or captured
   (``with priority.foreground():``), and for ``grace_s`` after, it takes a core, and live frames get only
   the cores left (none on a one-core server); live frames take turns, ``background`` at once
-  server-wide, in the order they asked. A frame already running stops at its next layer while page work takes every core
-  (``pause_point``). Waiting holds neither a core nor the GIL.
+  server-wide, in the order they asked. A frame already running stops at its next layer while page work
+  takes every core (``pause_point``). Waiting holds neither a core nor the GIL.
 - :func:`lower_priority`: the threads that compute live frames run at a lower OS priority, so in the
   CPU time left between uploads the rest of the server still goes first.
 
@@ -31,7 +31,7 @@ IDLE_S = 30.0  # a stream whose camera sent nothing for this long has ended (its
 # … and one whose browser tab has been gone this long: a WebSocket that drops and reconnects (a busy server, a
 # phone's network) comes back well within it, and keeps its stream
 GONE_S = 5.0
-GRACE_S = 0.7  # after a photo's capture its page still draws and sends the views: live frames wait that long
+GRACE_S = 0.7  # after a photo's capture its page still draws and sends the views: it keeps its core that long
 PATIENCE_S = 2.0  # the longest a live frame waits for page work, so a busy server still updates the stream
 ALONE_S = 1.0  # a stream that asked for no turn this long is not counted: another stream is alone
 
@@ -99,8 +99,8 @@ class Priority:
     wraps one live frame: it waits for a turn, given in the order they were asked for, so streams share the live
     compute evenly. There are ``background`` turns while several streams ask, so that at most that many frames
     compete with the rest of the server (one, on two cores: a photo uploaded beside three streams then waits
-    least), and ``alone`` turns while only one stream has asked in the last ``ALONE_S`` seconds: a lone viewer's frames use both cores (a forward pass on a
-    runtime releases Python's GIL; docs/live-camera.md).
+    least), and ``alone`` turns while only one stream has asked in the last ``ALONE_S`` seconds: a lone viewer's
+    frames use both cores (a forward pass on a runtime releases Python's GIL; docs/live-camera.md).
 
     Page work comes first: of the ``cores`` this process computes on, each piece of page work running now (or
     ended less than ``grace_s`` ago: its page still draws and sends its views) takes one, and live frames get

@@ -287,7 +287,7 @@ def on_runtime(model: Model, wanted: str = "auto", *, threads: int | None = None
         log.warning("%s stays on PyTorch: the %s runtime is not installed (%s)", model.name, names[0], INSTALL)
         return model
     # auto: token removal and live frames each on the installed runtime fastest at it (bench.faithfulness,
-    # bench.runtimes --rows), their graphs started on first use
+    # bench.runtimes --live), their graphs started on first use
     def fastest(preference: tuple[str, ...]) -> str | None:
         return next((name for name in preference if name in installed()), None) if wanted == "auto" else None
 
