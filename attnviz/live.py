@@ -84,13 +84,15 @@ def heatmap_frame(image: Image.Image, settings: LiveSettings,
     rows = model.runtime.class_rows(x) if model.runtime is not None else None  # (L, H, N), where a graph gives them
     if rows is not None:  # the class token's rows alone, checked exact against the capture's when first started
         layer = min(settings.layer, rows.shape[0] - 1)
-        head = settings.head if isinstance(settings.head, str) or settings.head < rows.shape[1] else "mean"
-        grid_map = patch_grid(fuse_heads(rows[layer], head).numpy(), model.grid, model.num_prefix_tokens)
+        heads = rows.shape[1]
     else:
         cap = capture_tensor(model, x, between_layers)
         layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
         heads = cap.num_heads(layer) if callable(cap.num_heads) else cap.num_heads  # a staged model's vary by layer
-        head = settings.head if isinstance(settings.head, str) or settings.head < heads else "mean"
+    head = settings.head if isinstance(settings.head, str) or settings.head < heads else "mean"
+    if rows is not None:
+        grid_map = patch_grid(fuse_heads(rows[layer], head).numpy(), model.grid, model.num_prefix_tokens)
+    else:
         grid_map = cap.summary_map(layer, head)  # (h, w): the class token's row, or the mean received (its stage's grid)
     picture = render.overlay(view, grid_map, alpha=settings.alpha, cmap=settings.cmap, smooth=settings.smooth)
     if settings.display > picture.width:

@@ -200,9 +200,14 @@ class OnFirstUse:
             return self._run
 
 
+def first_output(run: Callable[[np.ndarray], list[np.ndarray]], x: torch.Tensor) -> torch.Tensor:
+    """A graph's function ``run`` on ``x`` (float32, contiguous), its first output as a tensor."""
+    return torch.from_numpy(np.asarray(run(np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32))[0]))
+
+
 def class_rows(run: Callable[[np.ndarray], list[np.ndarray]], x: torch.Tensor) -> torch.Tensor:
     """(1, 3, S, S) float32 → (L, H, N) through the class-rows graph's function ``run``."""
-    return torch.from_numpy(np.asarray(run(np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32))[0]))
+    return first_output(run, x)
 
 
 @torch.inference_mode()
@@ -223,7 +228,7 @@ def rows_mismatch(model: Model, run: Callable[[np.ndarray], list[np.ndarray]]) -
 
 def blocks_output(run: Callable[[np.ndarray], list[np.ndarray]], tokens: torch.Tensor) -> torch.Tensor:
     """(B, n, D) float32 token sequences → (B, C) through the blocks-and-head graph's function ``run``."""
-    return torch.from_numpy(np.asarray(run(np.ascontiguousarray(tokens.detach().cpu().numpy(), dtype=np.float32))[0]))
+    return first_output(run, tokens)
 
 
 @torch.inference_mode()
