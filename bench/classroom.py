@@ -23,6 +23,7 @@ from pathlib import Path
 
 import attnviz
 from tests.serve import ATTNVIZ_APP
+from bench import machine
 
 ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
 HEATMAP = ".st-key-result [data-testid='stImage'] img"
@@ -213,7 +214,8 @@ def main() -> None:
     import torch
 
     print(f"attnviz classroom benchmark — torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{psutil.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in psutil.getloadavg())}\n")
+          f"{psutil.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in psutil.getloadavg())}")
+    print(f"machine: {machine.describe()}\n")
     print("One 12-megapixel phone JPEG (4032 × 3024), each stage alone, one thread as the server runs, medians:\n")
     print("| stage | time |")
     print("|---|---|")

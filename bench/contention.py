@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from bench import machine
 
 BUSY = "while True: pass"
 POLICIES = ("ACTIVE", "PASSIVE")
@@ -65,7 +66,8 @@ def main() -> None:
 
     print(f"attnviz contention benchmark — {psutil.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.1f}' for x in psutil.getloadavg())} before the run; real offline model at 196 px, "
-          f"median of {args.repeats} captures; contended: beside {args.busy} process(es) spinning on a core\n")
+          f"median of {args.repeats} captures; contended: beside {args.busy} process(es) spinning on a core")
+    print(f"machine: {machine.describe()}\n")
     print("| OMP_WAIT_POLICY | threads | quiet | contended | contended / quiet |")
     print("|---|---|---|---|---|")
     for threads in (int(n) for n in args.threads.split(",")):

@@ -20,6 +20,7 @@ import attnviz.interventions as interventions
 from attnviz import ablation, runtimes
 from attnviz.jobs import core_count
 from attnviz import faithfulness as fa
+from bench import machine
 
 TARGET_S = 4.0
 
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"offline ViT-S/14, cat photo, {args.size} px (N = {model.num_tokens}), torch threads "
           f"{torch.get_num_threads()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} / {load[1]:.1f} / "
           f"{load[2]:.1f} (1 / 5 / 15 min) after the run; median of {args.repeats}.")
+    print(f"machine: {machine.describe()}")
     print(f"plain forward pass (PyTorch), batch of 16: {forward * 1000:.0f} ms per image\n")
     print("| what | work | seconds | in plain PyTorch forward passes | target |")
     print("|---|---|---|---|---|")

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 import attnviz
+from bench import machine
 
 ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
 
@@ -169,6 +170,7 @@ def main() -> None:
     from tests.serve import ATTNVIZ_APP
 
     print(f"runtime {os.environ.get('ATTNVIZ_RUNTIME', 'auto')}; load average {os.getloadavg()[0]:.1f} before")
+    print(f"machine: {machine.describe()}")
     for way, launcher in (("streamlit run app.py", None), ("attnviz app", ATTNVIZ_APP)):
         print(line(live_speed(args.seconds, launcher=launcher), way))
 

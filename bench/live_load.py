@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from bench.classroom import phone_jpeg
 from bench.live import SPEED
+from bench import machine
 
 HEATMAP = ".st-key-result [data-testid='stImage'] img"
 # The moment a heatmap other than the one on screen has arrived and is drawn (the browser's clock).
@@ -259,7 +260,8 @@ def main() -> None:
     from tests.serve import ATTNVIZ_APP, chromium, streamlit_server
 
     print(f"attnviz live-camera load benchmark — {psutil.cpu_count()} CPUs, load average "
-          f"{' '.join(f'{x:.1f}' for x in psutil.getloadavg())}; streaming browsers at nice {args.stream_nice}\n")
+          f"{' '.join(f'{x:.1f}' for x in psutil.getloadavg())}; streaming browsers at nice {args.stream_nice}")
+    print(f"machine: {machine.describe()}\n")
     env = {"ATTNVIZ_LIVE_STREAMS": str(args.streams)}
     with streamlit_server(launcher=ATTNVIZ_APP, env=env, timeout=300) as (url, proc), chromium() as browser:
         server = psutil.Process(proc.pid)

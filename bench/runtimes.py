@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from bench import machine
 
 BUSY = "while True: pass"
 METHODS = ("pytorch", "torch.compile", "onnxruntime", "openvino")
@@ -201,7 +202,8 @@ def main() -> None:
           f"{' '.join(f'{x:.1f}' for x in psutil.getloadavg())} before the run (other work on a shared "
           f"machine counts in every time); real offline model on cat.jpg, the capture's forward (q and k of "
           f"every layer as outputs), median of {args.repeats}; contended: beside {args.busy} process(es) "
-          f"spinning on a core\n")
+          f"spinning on a core")
+    print(f"machine: {machine.describe()}\n")
     print("| size | threads | load | PyTorch eager | torch.compile | ONNX Runtime | OpenVINO | load average |")
     print("|---|---|---|---|---|---|---|---|")
     for size in (int(s) for s in args.sizes.split(",")):
