@@ -190,6 +190,9 @@ def main() -> None:
         print(json.dumps(child(int(size), int(threads), int(repeats), float(budget))))
         return
     import psutil
+
+    if args.live or args.server:
+        print(f"machine: {machine.describe()}")
     if args.live:
         live()
         return
