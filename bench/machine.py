@@ -2,7 +2,7 @@
 its cores multiplies float32 matrices at the moment of the run.
 
 The same "2-core machine" has been more than one kind of host: on December 3 a Zen 5 with AVX-512 ran the
-capture's forward in 52–65 ms, and a Zen 3 without AVX-512 in 128–170 ms. A table read without this
+capture's forward in 65–75 ms, and a Zen 3 without AVX-512 in 128–170 ms. A table read without this
 line compares numbers from different computers.
 """
 from __future__ import annotations
