@@ -135,7 +135,8 @@ def run_class(browser, url: str, server_pid: int, photos: list[bytes], spread_s:
     lasting = {tid: seconds - threads.get(tid, 0.0) for tid, seconds in thread_cpu(server).items()}
     cpu_s = (used.user + used.system) - (cpu.user + cpu.system)
     main = lasting.pop(server_pid, 0.0)
-    split = (cpu_s - main - sum(lasting.values()), main, sum(lasting.values()))
+    others = sum(lasting.values())
+    split = (cpu_s - main - others, main, others)
     n = len(photos)
     return ClassRun(tuple(waits), cpu_s / n, tuple(x / n for x in split), server.memory_info().rss, tuple(pages))
 

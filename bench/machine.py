@@ -73,6 +73,8 @@ def matmul_gflops(repeats: int = 9) -> float:
 
 
 def describe() -> str:
-    """E.g. "AMD EPYC (AVX2 + FMA, no AVX-512); one core multiplies float32 matrices at 94 GFLOP/s now"."""
+    """E.g. "AMD EPYC, family 25 model 1 (AVX2 + FMA, no AVX-512); one core multiplies float32 matrices at
+    94 GFLOP/s now"."""
     info = cpuinfo()
-    return f"{cpu_model(info)} ({vector_width(info)}); one core multiplies float32 matrices at {matmul_gflops():.0f} GFLOP/s now"
+    rate = matmul_gflops()
+    return f"{cpu_model(info)} ({vector_width(info)}); one core multiplies float32 matrices at {rate:.0f} GFLOP/s now"

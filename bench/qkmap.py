@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += browser(args.photos, args.distinct)
     load = os.getloadavg()[0]
     print(f"Q/K map, offline ViT-S/14 at 196 px, {os.cpu_count()} CPUs, load average {load:.1f} at the end "
-          "(the machine may be shared: other work slows these numbers)\n")
-    print(f"machine: {machine.describe()}")
+          "(the machine may be shared: other work slows these numbers)")
+    print(f"machine: {machine.describe()}\n")
     print("| what | median | target |\n|---|---|---|")
     for what, ms, target in rows:
         shown = f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
