@@ -37,3 +37,30 @@ def test_a_plain_streamlit_run_gets_the_servers_tuning_on_its_first_page_run():
     assert run == {"before": 2, "after": 1, "housekeeping": True}
     run = json.loads(python(FIRST_RUN, OMP_NUM_THREADS="2", ATTNVIZ_THREADS="2"))
     assert run["after"] == 2
+
+
+HOUSEKEEPING = """
+import gc, json, time, weakref
+from attnviz_app import tuning
+
+class Node: pass
+
+gc.disable()  # no automatic collections: only the housekeeping thread's, or none
+if {start}:
+    tuning.housekeeping(None, first_after_s=0.05, every_s=0.05)
+time.sleep(0.2)  # after the freeze
+cycle = Node(); cycle.me = cycle; gone = weakref.ref(cycle); del cycle
+time.sleep(0.5)
+print(json.dumps(gone() is None))
+"""
+
+
+def test_the_housekeeping_thread_collects_what_streamlits_skipped_collection_would_have():
+    """Streamlit's full collection after every page run is off (``runner.postScriptGC``); the housekeeping thread
+    collects instead, so a session's unreachable cycles (a capture held by a widget's closure) still go."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "attnviz_app" / "config.toml").read_text())
+    assert config["runner"]["postScriptGC"] is False
+    assert json.loads(python(HOUSEKEEPING.format(start=True))) is True
+    assert json.loads(python(HOUSEKEEPING.format(start=False))) is False  # the control: nothing else collects
