@@ -248,27 +248,33 @@ def outputs(model: Model, x: torch.Tensor, removed: np.ndarray, fill: Fill, batc
                 return runtime.blocks_output(t)  # (b, C)
             return interventions.readout(network, interventions.run_blocks(network, t, for_readout=True))
 
-        # The runtime's graph runs one thread per call, as many batches at once as the cores hold (its calls
-        # release the GIL): on 2 cores, two 1-thread calls side by side beat one 2-thread call (bench.faithfulness).
-        workers = 1 if runtime is None else core_count()
-        with ThreadPoolExecutor(workers, thread_name_prefix="attnviz-removal") as pool:
-            waiting, running = iter(chunks), {}
+        # One thread per call, as many batches at once as the cores hold (the runtime's calls and PyTorch's
+        # operations release the GIL): on 2 cores, two 1-thread calls side by side beat one 2-thread call, and a
+        # server tuned to one PyTorch thread per forward pass would otherwise use one core (bench.faithfulness).
+        workers = core_count()
+        threads = torch.get_num_threads()
+        try:
+            with ThreadPoolExecutor(workers, thread_name_prefix="attnviz-removal",
+                                    initializer=lambda: torch.set_num_threads(1)) as pool:
+                waiting, running = iter(chunks), {}
 
-            def submit() -> None:
-                chunk = next(waiting, None)
-                if chunk is not None:
-                    running[pool.submit(run, chunk)] = chunk
+                def submit() -> None:
+                    chunk = next(waiting, None)
+                    if chunk is not None:
+                        running[pool.submit(run, chunk)] = chunk
 
-            for _ in range(workers):
-                submit()
-            while running:  # at most `workers` batches in flight: a cancel waits for those alone
-                for future in wait(running, return_when=FIRST_COMPLETED).done:
-                    chunk = running.pop(future)
+                for _ in range(workers):
                     submit()
-                    for r, o in zip(chunk, future.result()):
-                        results[r] = o
-                    if progress is not None:
-                        progress(chunk.size)  # may raise (the page's cancel): no other batch starts
+                while running:  # at most `workers` batches in flight: a cancel waits for those alone
+                    for future in wait(running, return_when=FIRST_COMPLETED).done:
+                        chunk = running.pop(future)
+                        submit()
+                        for r, o in zip(chunk, future.result()):
+                            results[r] = o
+                        if progress is not None:
+                            progress(chunk.size)  # may raise (the page's cancel): no other batch starts
+        finally:  # PyTorch hands a thread's last setting to threads made later: the caller's again
+            torch.set_num_threads(threads)
     else:
         filled = fill_image(x, fill, patch)
         for start in range(0, removed.shape[0], batch):

@@ -15,6 +15,7 @@ import torch
 
 import attnviz
 from attnviz import faithfulness as fa
+from attnviz import interventions
 from attnviz.errors import FaithfulnessError
 from attnviz.lesson import fill_image
 
@@ -214,6 +215,39 @@ def test_progress_reaches_one_and_can_stop_the_run(tiny_classifier):
 
     with pytest.raises(Stop):
         fa.faithfulness(tiny_classifier, cap, fill="mean", progress=stop)
+
+
+def test_token_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_callers_threads(tiny_classifier,
+                                                                                            monkeypatch):
+    """Batches run side by side, one PyTorch thread each (a server tuned to one thread would otherwise use one
+    core); the caller's thread count, and what later threads inherit, are as they were."""
+    import threading
+
+    monkeypatch.setattr(fa, "core_count", lambda: 2)
+    cap = capture_of(tiny_classifier)
+    seen = []
+    plain = interventions.run_blocks
+
+    def recorded(network, x, *args, **kwargs):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return plain(network, x, *args, **kwargs)
+
+    monkeypatch.setattr(interventions, "run_blocks", recorded)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        alone = fa.faithfulness(tiny_classifier, cap, fill="token", batch=4)
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert torch.get_num_threads() == 3 and later == [3]
+    finally:
+        torch.set_num_threads(before)
+    assert {threads for _, threads in seen} == {1}
+    assert len({name for name, _ in seen}) == 2 and all(name.startswith("attnviz-removal") for name, _ in seen)
+    counts, deletion, _ = reference_curves(tiny_classifier, cap, alone.curves[0].ranking.order, "token")
+    assert np.abs(alone.curves[0].deletion - deletion).max() <= 1e-4
 
 
 def test_real_model_curves_equal_the_reference(real_model, cat):
