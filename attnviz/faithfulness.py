@@ -247,44 +247,42 @@ def outputs(model: Model, x: torch.Tensor, removed: np.ndarray, fill: Fill, batc
             if runtime is not None:  # the same blocks and head, checked exact against PyTorch on first use
                 return runtime.blocks_output(t)  # (b, C)
             return interventions.readout(network, interventions.run_blocks(network, t, for_readout=True))
-
-        # One thread per call, as many batches at once as the cores hold (the runtime's calls and PyTorch's
-        # operations release the GIL): on 2 cores, two 1-thread calls side by side beat one 2-thread call, and a
-        # server tuned to one PyTorch thread per forward pass would otherwise use one core (bench.faithfulness).
-        workers = core_count()
-        threads = torch.get_num_threads()
-        try:
-            with ThreadPoolExecutor(workers, thread_name_prefix="attnviz-removal",
-                                    initializer=lambda: torch.set_num_threads(1)) as pool:
-                waiting, running = iter(chunks), {}
-
-                def submit() -> None:
-                    chunk = next(waiting, None)
-                    if chunk is not None:
-                        running[pool.submit(run, chunk)] = chunk
-
-                for _ in range(workers):
-                    submit()
-                while running:  # at most `workers` batches in flight: a cancel waits for those alone
-                    for future in wait(running, return_when=FIRST_COMPLETED).done:
-                        chunk = running.pop(future)
-                        submit()
-                        for r, o in zip(chunk, future.result()):
-                            results[r] = o
-                        if progress is not None:
-                            progress(chunk.size)  # may raise (the page's cancel): no other batch starts
-        finally:  # PyTorch hands a thread's last setting to threads made later: the caller's again
-            torch.set_num_threads(threads)
     else:
         filled = fill_image(x, fill, patch)
-        for start in range(0, removed.shape[0], batch):
-            rows = range(start, min(start + batch, removed.shape[0]))
-            xs = torch.cat([remove_patches(x, np.flatnonzero(removed[r]), grid, patch, filled) for r in rows])
-            out = model.adapter.forward_batch(model.network, xs)  # (b, C)
-            for r, o in zip(rows, out):
-                results[r] = o
-            if progress is not None:
-                progress(len(rows))
+        chunks = np.array_split(np.arange(removed.shape[0]), range(batch, removed.shape[0], batch))
+
+        @torch.inference_mode()
+        def run(chunk: np.ndarray) -> torch.Tensor:
+            xs = torch.cat([remove_patches(x, np.flatnonzero(removed[r]), grid, patch, filled) for r in chunk])
+            return model.adapter.forward_batch(model.network, xs)  # (b, C)
+
+    # One thread per call, as many batches at once as the cores hold (the runtime's calls and PyTorch's
+    # operations release the GIL): on 2 cores, two 1-thread calls side by side beat one 2-thread call, and a
+    # server tuned to one PyTorch thread per forward pass would otherwise use one core (bench.faithfulness).
+    workers = core_count()
+    threads = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="attnviz-removal",
+                                initializer=lambda: torch.set_num_threads(1)) as pool:
+            waiting, running = iter(chunks), {}
+
+            def submit() -> None:
+                chunk = next(waiting, None)
+                if chunk is not None:
+                    running[pool.submit(run, chunk)] = chunk
+
+            for _ in range(workers):
+                submit()
+            while running:  # at most `workers` batches in flight: a cancel waits for those alone
+                for future in wait(running, return_when=FIRST_COMPLETED).done:
+                    chunk = running.pop(future)
+                    submit()
+                    for r, o in zip(chunk, future.result()):
+                        results[r] = o
+                    if progress is not None:
+                        progress(chunk.size)  # may raise (the page's cancel): no other batch starts
+    finally:  # PyTorch hands a thread's last setting to threads made later: the caller's again
+        torch.set_num_threads(threads)
     return torch.stack(results).float()  # (M, C)
 
 

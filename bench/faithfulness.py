@@ -84,9 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         for engine, m in engines.items():
             if not engine.startswith("PyTorch") and fill != "token":
                 continue  # the pixel fills run the whole network in PyTorch
-            if engine == "PyTorch":  # token removal runs one thread per call, one call per core, as the runtimes
-                engine = (f"PyTorch (1 thread × {core_count()} at once)" if fill == "token"
-                          else f"PyTorch ({torch.get_num_threads()} threads)")
+            if engine == "PyTorch":  # one thread per call, one call per core, as the runtimes
+                engine = f"PyTorch (1 thread × {core_count()} at once)"
             s = seconds(lambda: fa.faithfulness(m, cap, rankings, fill=fill), args.repeats)
             rows.append((f"all maps' curves, fill {fill} ({len(rankings)} rankings), {engine}", f"{inputs} inputs", s))
     depth, heads = model.depth, model.num_heads

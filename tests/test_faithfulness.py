@@ -217,8 +217,9 @@ def test_progress_reaches_one_and_can_stop_the_run(tiny_classifier):
         fa.faithfulness(tiny_classifier, cap, fill="mean", progress=stop)
 
 
-def test_token_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_callers_threads(tiny_classifier,
-                                                                                            monkeypatch):
+@pytest.mark.parametrize("fill", ["token", "mean"])
+def test_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_callers_threads(fill, tiny_classifier,
+                                                                                     monkeypatch):
     """Batches run side by side, one PyTorch thread each (a server tuned to one thread would otherwise use one
     core); the caller's thread count, and what later threads inherit, are as they were."""
     import threading
@@ -226,17 +227,21 @@ def test_token_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_caller
     monkeypatch.setattr(fa, "core_count", lambda: 2)
     cap = capture_of(tiny_classifier)
     seen = []
-    plain = interventions.run_blocks
 
-    def recorded(network, x, *args, **kwargs):
-        seen.append((threading.current_thread().name, torch.get_num_threads()))
-        return plain(network, x, *args, **kwargs)
+    def recorded(plain):
+        def run(*args, **kwargs):
+            seen.append((threading.current_thread().name, torch.get_num_threads()))
+            return plain(*args, **kwargs)
+        return run
 
-    monkeypatch.setattr(interventions, "run_blocks", recorded)
+    if fill == "token":  # the shortened sequences through the blocks
+        monkeypatch.setattr(interventions, "run_blocks", recorded(interventions.run_blocks))
+    else:  # whole filled photos through the network
+        monkeypatch.setattr(tiny_classifier.adapter, "forward_batch", recorded(tiny_classifier.adapter.forward_batch))
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        alone = fa.faithfulness(tiny_classifier, cap, fill="token", batch=4)
+        alone = fa.faithfulness(tiny_classifier, cap, fill=fill, batch=4)
         later = []
         thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
         thread.start()
@@ -246,7 +251,7 @@ def test_token_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_caller
         torch.set_num_threads(before)
     assert {threads for _, threads in seen} == {1}
     assert len({name for name, _ in seen}) == 2 and all(name.startswith("attnviz-removal") for name, _ in seen)
-    counts, deletion, _ = reference_curves(tiny_classifier, cap, alone.curves[0].ranking.order, "token")
+    counts, deletion, _ = reference_curves(tiny_classifier, cap, alone.curves[0].ranking.order, fill)
     assert np.abs(alone.curves[0].deletion - deletion).max() <= 1e-4
 
 
