@@ -115,15 +115,23 @@ def head_ablation(model: Model, cap: Capture, progress: Callable[[float], None] 
 
     running = stream.new_empty((0, *stream.shape[1:]))  # (B, N, D): the ablated runs so far
     total, done = depth * (depth + 1) / 2, 0
-    for layer, block in enumerate(network.blocks):
-        fresh = before[layer].expand(heads, -1, -1)  # one new run per head of this layer
-        on = torch.ones(running.shape[0] + heads, heads)
-        on[running.shape[0] + torch.arange(heads), torch.arange(heads)] = 0.0  # row of head h: h off
-        first = 1 if layer == depth - 1 and interventions.reads_class_token(network) else None  # all readout reads
-        running = interventions.block_forward(block, torch.cat([running, fresh]), on, first=first)
-        done += layer + 1
-        if progress is not None:
-            progress(done / total)
+    with interventions.per_core("attnviz-ablation") as (pool, workers):  # each layer's rows split across the cores
+        for layer, block in enumerate(network.blocks):
+            fresh = before[layer].expand(heads, -1, -1)  # one new run per head of this layer
+            on = torch.ones(running.shape[0] + heads, heads)
+            on[running.shape[0] + torch.arange(heads), torch.arange(heads)] = 0.0  # row of head h: h off
+            first = 1 if layer == depth - 1 and interventions.reads_class_token(network) else None  # all readout reads
+            x = torch.cat([running, fresh])
+
+            @torch.inference_mode()  # per thread: the pool's threads do not inherit it
+            def run(rows: torch.Tensor, block=block, x=x, on=on, first=first) -> torch.Tensor:
+                return interventions.block_forward(block, x[rows], on[rows], first=first)
+
+            parts = [rows for rows in torch.arange(x.shape[0]).tensor_split(workers) if rows.numel()]
+            running = torch.cat(list(pool.map(run, parts)))
+            done += layer + 1
+            if progress is not None:
+                progress(done / total)
     out = interventions.readout(network, running)  # (L · H, C): layer-major
     measure = measure_of(model)
     target = int(base.argmax()) if measure == "probability" else None

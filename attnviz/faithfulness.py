@@ -21,7 +21,7 @@ run in batches.
 """
 from __future__ import annotations
 
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
@@ -33,7 +33,6 @@ import attnviz.i18n as i18n
 import attnviz.interventions as interventions
 from .capture import Capture, Head
 from .errors import FaithfulnessError, RelevanceError
-from .jobs import core_count
 from .lesson import fill_image, remove_patches
 from .models import Model
 from .rollout import rollout_map
@@ -256,33 +255,25 @@ def outputs(model: Model, x: torch.Tensor, removed: np.ndarray, fill: Fill, batc
             xs = torch.cat([remove_patches(x, np.flatnonzero(removed[r]), grid, patch, filled) for r in chunk])
             return model.adapter.forward_batch(model.network, xs)  # (b, C)
 
-    # One thread per call, as many batches at once as the cores hold (the runtime's calls and PyTorch's
-    # operations release the GIL): on 2 cores, two 1-thread calls side by side beat one 2-thread call, and a
-    # server tuned to one PyTorch thread per forward pass would otherwise use one core (bench.faithfulness).
-    workers = core_count()
-    threads = torch.get_num_threads()
-    try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="attnviz-removal",
-                                initializer=lambda: torch.set_num_threads(1)) as pool:
-            waiting, running = iter(chunks), {}
+    # As many batches at once as the cores hold, one thread each (the runtime's calls release the GIL too).
+    with interventions.per_core("attnviz-removal") as (pool, workers):
+        waiting, running = iter(chunks), {}
 
-            def submit() -> None:
-                chunk = next(waiting, None)
-                if chunk is not None:
-                    running[pool.submit(run, chunk)] = chunk
+        def submit() -> None:
+            chunk = next(waiting, None)
+            if chunk is not None:
+                running[pool.submit(run, chunk)] = chunk
 
-            for _ in range(workers):
+        for _ in range(workers):
+            submit()
+        while running:  # at most `workers` batches in flight: a cancel waits for those alone
+            for future in wait(running, return_when=FIRST_COMPLETED).done:
+                chunk = running.pop(future)
                 submit()
-            while running:  # at most `workers` batches in flight: a cancel waits for those alone
-                for future in wait(running, return_when=FIRST_COMPLETED).done:
-                    chunk = running.pop(future)
-                    submit()
-                    for r, o in zip(chunk, future.result()):
-                        results[r] = o
-                    if progress is not None:
-                        progress(chunk.size)  # may raise (the page's cancel): no other batch starts
-    finally:  # PyTorch hands a thread's last setting to threads made later: the caller's again
-        torch.set_num_threads(threads)
+                for r, o in zip(chunk, future.result()):
+                    results[r] = o
+                if progress is not None:
+                    progress(chunk.size)  # may raise (the page's cancel): no other batch starts
     return torch.stack(results).float()  # (M, C)
 
 

@@ -15,13 +15,16 @@ models run their own modules: :func:`refusal` says so in one sentence instead of
 """
 from __future__ import annotations
 
-from typing import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention
 from timm.models.vision_transformer import Block, VisionTransformer
 
+from .jobs import core_count
 from .models import Model
 
 
@@ -126,3 +129,20 @@ def run_blocks(network: VisionTransformer, x: torch.Tensor, start: int = 0,
         first = 1 if for_readout and layer == last and reads_class_token(network) else None
         x = block_forward(network.blocks[layer], x, mask, first=first)
     return x
+
+
+@contextmanager
+def per_core(name: str) -> Iterator[tuple[ThreadPoolExecutor, int]]:
+    """(pool, workers): one worker per core, each running PyTorch on one thread, for an experiment's batches.
+
+    Two one-thread calls side by side beat one two-thread call on two cores (their operations release the GIL),
+    and a server tuned to one PyTorch thread per forward pass would otherwise use one core. PyTorch hands a
+    thread's last setting to threads made later: the caller's own is set again at the end.
+    """
+    threads = torch.get_num_threads()
+    workers = core_count()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=lambda: torch.set_num_threads(1)) as pool:
+            yield pool, workers
+    finally:
+        torch.set_num_threads(threads)

@@ -223,14 +223,21 @@ def test_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_callers_thre
     """Batches run side by side, one PyTorch thread each (a server tuned to one thread would otherwise use one
     core); the caller's thread count, and what later threads inherit, are as they were."""
     import threading
+    import time
 
-    monkeypatch.setattr(fa, "core_count", lambda: 2)
+    monkeypatch.setattr(interventions, "core_count", lambda: 2)
     cap = capture_of(tiny_classifier)
-    seen = []
+    seen, active, lock = [], [0, 0], threading.Lock()  # active: now, most at once
 
     def recorded(plain):
         def run(*args, **kwargs):
             seen.append((threading.current_thread().name, torch.get_num_threads()))
+            with lock:
+                active[0] += 1
+                active[1] = max(active)
+            time.sleep(0.02)  # long enough for another batch to start beside it
+            with lock:
+                active[0] -= 1
             return plain(*args, **kwargs)
         return run
 
@@ -250,7 +257,7 @@ def test_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_callers_thre
     finally:
         torch.set_num_threads(before)
     assert {threads for _, threads in seen} == {1}
-    assert len({name for name, _ in seen}) == 2 and all(name.startswith("attnviz-removal") for name, _ in seen)
+    assert active[1] == 2 and all(name.startswith("attnviz-removal") for name, _ in seen)  # two batches at once
     counts, deletion, _ = reference_curves(tiny_classifier, cap, alone.curves[0].ranking.order, fill)
     assert np.abs(alone.curves[0].deletion - deletion).max() <= 1e-4
 
@@ -275,7 +282,7 @@ def test_token_removal_on_a_runtime_equals_the_reference(runtime, tiny_classifie
     use; every curve value computed on it agrees with the plain loop over timm's blocks — with one thread per
     call, three batches run at once (as on a 3-core server), each result in its own rows."""
     pytest.importorskip(runtime)
-    monkeypatch.setattr(fa, "core_count", lambda: 3)
+    monkeypatch.setattr(interventions, "core_count", lambda: 3)
     model = attnviz.fast(tiny_classifier, runtime, cache=tmp_path)
     assert model.runtime is not None and model.runtime.blocks is not None
     assert not list(tmp_path.glob("blocks-*.onnx"))  # a server that never draws the curves never pays for them
@@ -327,7 +334,7 @@ def test_a_server_on_auto_captures_on_onnx_runtime_and_removes_tokens_on_openvin
 def test_a_cancelled_run_on_a_runtime_starts_no_more_batches(tiny_classifier, tmp_path, monkeypatch):
     """The page's Cancel raises from ``progress``: batches already running finish, no other starts."""
     pytest.importorskip("onnxruntime")
-    monkeypatch.setattr(fa, "core_count", lambda: 2)
+    monkeypatch.setattr(interventions, "core_count", lambda: 2)
     model = attnviz.fast(tiny_classifier, "onnxruntime", cache=tmp_path, threads=1)
     cap = capture_of(model, seed=3)
     calls = []
