@@ -21,6 +21,7 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
+from . import interventions
 from .capture import Capture, Head
 from .models import Model
 
@@ -284,10 +285,16 @@ def remove_patches(
     return torch.where(full, filled, x)
 
 
-@torch.inference_mode()
 def _outputs(model: Model, xs: torch.Tensor, batch: int = 8) -> torch.Tensor:
-    forward = model.adapter.forward_batch  # timm and Hugging Face networks answer differently
-    return torch.cat([forward(model.network, xs[i : i + batch]) for i in range(0, xs.shape[0], batch)]).float()  # (B, C)
+    """(B, C): the network's outputs on ``xs``, in batches of at most ``batch``, as many at once as the cores."""
+
+    @torch.inference_mode()  # per thread: the pool's threads do not inherit it
+    def run(part: torch.Tensor) -> torch.Tensor:
+        return model.adapter.forward_batch(model.network, part)  # timm and Hugging Face networks answer differently
+
+    with interventions.per_core("attnviz-lesson") as (pool, workers):
+        parts = xs.tensor_split(workers * math.ceil(xs.shape[0] / (workers * batch)))  # every core the same share
+        return torch.cat(list(pool.map(run, [p for p in parts if len(p)]))).float()
 
 
 def perturbation(

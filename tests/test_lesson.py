@@ -159,6 +159,36 @@ def test_perturbation_on_a_classifier_follows_class_probability():
     np.testing.assert_allclose(result.random[:, -1], result.attended[-1], atol=1e-5)
 
 
+def test_the_removal_tests_batches_run_one_per_core_in_input_order(monkeypatch):
+    """Equal shares, two at once, one PyTorch thread each; the outputs in the inputs' order."""
+    import threading
+    import time
+
+    from attnviz import interventions
+
+    monkeypatch.setattr(interventions, "core_count", lambda: 2)
+    model = tiny_vit(num_classes=10)
+    xs = torch.randn(25, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    seen, active, lock = [], [0, 0], threading.Lock()  # active: now, most at once
+    plain = model.adapter.forward_batch
+
+    def recorded(network, part):
+        seen.append((len(part), torch.get_num_threads()))
+        with lock:
+            active[0] += 1
+            active[1] = max(active)
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return plain(network, part)
+
+    monkeypatch.setattr(model.adapter, "forward_batch", recorded)
+    out = lesson._outputs(model, xs)
+    assert sorted(n for n, _ in seen) == [6, 6, 6, 7] and {t for _, t in seen} == {1} and active[1] == 2
+    with torch.inference_mode():
+        np.testing.assert_allclose(out.numpy(), model.network(xs).numpy(), atol=1e-5)
+
+
 def test_perturbation_on_the_default_model_uses_cosine_distance(real_model, cat_capture):
     result = lesson.perturbation(real_model, cat_capture, 11, 0, fill="blur", steps=2, max_fraction=0.5, repeats=1)
     assert result.metric == "cosine" and result.target is None
