@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+class Overlap:
+    """Wraps ``plain``: records each call's (thread name, PyTorch threads, rows of its tensor argument) and the
+    most calls running at once; each call holds ``hold_s`` so that work meant to run side by side overlaps."""
+
+    def __init__(self, plain, hold_s: float = 0.02):
+        self.plain, self.hold_s = plain, hold_s
+        self.calls: list[tuple[str, int, int]] = []
+        self.most, self._now, self._lock = 0, 0, threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        rows = next(len(a) for a in args if isinstance(a, torch.Tensor))
+        self.calls.append((threading.current_thread().name, torch.get_num_threads(), rows))
+        with self._lock:
+            self._now += 1
+            self.most = max(self.most, self._now)
+        time.sleep(self.hold_s)
+        with self._lock:
+            self._now -= 1
+        return self.plain(*args, **kwargs)
 
 
 def tiny_vit(reg_tokens: int = 0, num_classes: int = 10, fused: bool | None = None, seed: int = 0) -> attnviz.Model:

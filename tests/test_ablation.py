@@ -17,7 +17,7 @@ import attnviz
 from attnviz import ablation
 from attnviz.errors import FaithfulnessError
 
-from conftest import tiny_vit
+from conftest import Overlap, tiny_vit
 
 
 def reference_output(network, x, off):
@@ -65,28 +65,13 @@ def test_every_effect_equals_the_reference(classes):
 def test_each_layers_runs_are_split_across_the_cores_one_thread_each(monkeypatch):
     """A server tuned to one PyTorch thread per forward pass still uses every core for the grid; the effects
     are the reference's, and the caller's thread count is as it was."""
-    import threading
-    import time
-
     from attnviz import interventions
 
     monkeypatch.setattr(interventions, "core_count", lambda: 2)
     model = tiny_vit(num_classes=10, seed=2)
     cap = capture_of(model)
-    seen, active, lock = [], [0, 0], threading.Lock()  # active: now, most at once
-    plain = interventions.block_forward
-
-    def recorded(block, x, *args, **kwargs):
-        seen.append((threading.current_thread().name, torch.get_num_threads(), x.shape[0]))
-        with lock:
-            active[0] += 1
-            active[1] = max(active)
-        time.sleep(0.05)  # long enough for the other half to start beside it
-        with lock:
-            active[0] -= 1
-        return plain(block, x, *args, **kwargs)
-
-    monkeypatch.setattr(interventions, "block_forward", recorded)
+    probe = Overlap(interventions.block_forward, hold_s=0.05)
+    monkeypatch.setattr(interventions, "block_forward", probe)
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -94,8 +79,8 @@ def test_each_layers_runs_are_split_across_the_cores_one_thread_each(monkeypatch
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
-    ablated = [s for s in seen if s[0].startswith("attnviz-ablation")]
-    assert active[1] == 2 and {threads for _, threads, _ in ablated} == {1}  # two halves at once, one thread each
+    ablated = [call for call in probe.calls if call[0].startswith("attnviz-ablation")]
+    assert probe.most == 2 and {threads for _, threads, _ in ablated} == {1}  # two halves at once, one thread each
     assert sorted(rows for _, _, rows in ablated) == [2, 2, 4, 4]  # layer 1: 4 runs, layer 2: 4 carried + 4 new
     assert np.abs(result.effect - reference_grid(model, cap)).max() <= 1e-4
 

@@ -19,7 +19,7 @@ from attnviz import interventions
 from attnviz.errors import FaithfulnessError
 from attnviz.lesson import fill_image
 
-from conftest import tiny_vit
+from conftest import Overlap, tiny_vit
 
 
 def reference_tokens(network, x: torch.Tensor, removed: set[int]) -> torch.Tensor:
@@ -223,28 +223,15 @@ def test_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_callers_thre
     """Batches run side by side, one PyTorch thread each (a server tuned to one thread would otherwise use one
     core); the caller's thread count, and what later threads inherit, are as they were."""
     import threading
-    import time
 
     monkeypatch.setattr(interventions, "core_count", lambda: 2)
     cap = capture_of(tiny_classifier)
-    seen, active, lock = [], [0, 0], threading.Lock()  # active: now, most at once
-
-    def recorded(plain):
-        def run(*args, **kwargs):
-            seen.append((threading.current_thread().name, torch.get_num_threads()))
-            with lock:
-                active[0] += 1
-                active[1] = max(active)
-            time.sleep(0.02)  # long enough for another batch to start beside it
-            with lock:
-                active[0] -= 1
-            return plain(*args, **kwargs)
-        return run
-
     if fill == "token":  # the shortened sequences through the blocks
-        monkeypatch.setattr(interventions, "run_blocks", recorded(interventions.run_blocks))
+        probe = Overlap(interventions.run_blocks)
+        monkeypatch.setattr(interventions, "run_blocks", probe)
     else:  # whole filled photos through the network
-        monkeypatch.setattr(tiny_classifier.adapter, "forward_batch", recorded(tiny_classifier.adapter.forward_batch))
+        probe = Overlap(tiny_classifier.adapter.forward_batch)
+        monkeypatch.setattr(tiny_classifier.adapter, "forward_batch", probe)
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -256,8 +243,8 @@ def test_removal_on_pytorch_runs_one_thread_per_core_and_leaves_the_callers_thre
         assert torch.get_num_threads() == 3 and later == [3]
     finally:
         torch.set_num_threads(before)
-    assert {threads for _, threads in seen} == {1}
-    assert active[1] == 2 and all(name.startswith("attnviz-removal") for name, _ in seen)  # two batches at once
+    assert {threads for _, threads, _ in probe.calls} == {1}
+    assert probe.most == 2 and all(name.startswith("attnviz-removal") for name, _, _ in probe.calls)  # two at once
     counts, deletion, _ = reference_curves(tiny_classifier, cap, alone.curves[0].ranking.order, fill)
     assert np.abs(alone.curves[0].deletion - deletion).max() <= 1e-4
 

@@ -9,7 +9,7 @@ import torch
 
 import attnviz
 from attnviz import lesson
-from conftest import tiny_vit
+from conftest import Overlap, tiny_vit
 
 KEYS = [[1, 0], [0, 1], [1, 1]]
 
@@ -161,30 +161,16 @@ def test_perturbation_on_a_classifier_follows_class_probability():
 
 def test_the_removal_tests_batches_run_one_per_core_in_input_order(monkeypatch):
     """Equal shares, two at once, one PyTorch thread each; the outputs in the inputs' order."""
-    import threading
-    import time
-
     from attnviz import interventions
 
     monkeypatch.setattr(interventions, "core_count", lambda: 2)
     model = tiny_vit(num_classes=10)
     xs = torch.randn(25, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    seen, active, lock = [], [0, 0], threading.Lock()  # active: now, most at once
-    plain = model.adapter.forward_batch
-
-    def recorded(network, part):
-        seen.append((len(part), torch.get_num_threads()))
-        with lock:
-            active[0] += 1
-            active[1] = max(active)
-        time.sleep(0.05)
-        with lock:
-            active[0] -= 1
-        return plain(network, part)
-
-    monkeypatch.setattr(model.adapter, "forward_batch", recorded)
+    probe = Overlap(model.adapter.forward_batch, hold_s=0.05)
+    monkeypatch.setattr(model.adapter, "forward_batch", probe)
     out = lesson._outputs(model, xs)
-    assert sorted(n for n, _ in seen) == [6, 6, 6, 7] and {t for _, t in seen} == {1} and active[1] == 2
+    assert sorted(rows for _, _, rows in probe.calls) == [6, 6, 6, 7]
+    assert {threads for _, threads, _ in probe.calls} == {1} and probe.most == 2
     with torch.inference_mode():
         np.testing.assert_allclose(out.numpy(), model.network(xs).numpy(), atol=1e-5)
 
