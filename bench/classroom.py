@@ -269,7 +269,8 @@ def main() -> None:
                     import shutil
                     import subprocess
 
-                    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))  # a venv's, unactivated
+                    # on PATH, or beside this Python (a venv that was not activated)
+                    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
                     Path(args.profile).mkdir(parents=True, exist_ok=True)
                     out = Path(args.profile) / f"{way.split()[0]}-{size}.json"
                     spy = subprocess.Popen([py_spy, "record", "--pid", str(proc.pid), "--format", "speedscope",

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     model = attnviz.load_model(size=args.size, device="cpu")
     cap = attnviz.capture(model, attnviz.load_photo(attnviz.photos.sample("cat"), model).image)
     rankings, _ = fa.standard_rankings(model, cap)
-    engines = {"PyTorch": model}
+    engines = {f"PyTorch (1 thread × {core_count()} at once)": model}  # as the runtimes: one call per core
     for name in filter(None, args.runtimes.split(",")):
         fast = attnviz.fast(model, name)
         if fast.runtime is not None and fast.runtime.removal() is not None:  # one thread per call, one call per core
@@ -84,8 +84,6 @@ def main(argv: list[str] | None = None) -> None:
         for engine, m in engines.items():
             if not engine.startswith("PyTorch") and fill != "token":
                 continue  # the pixel fills run the whole network in PyTorch
-            if engine == "PyTorch":  # one thread per call, one call per core, as the runtimes
-                engine = f"PyTorch (1 thread × {core_count()} at once)"
             s = seconds(lambda: fa.faithfulness(m, cap, rankings, fill=fill), args.repeats)
             rows.append((f"all maps' curves, fill {fill} ({len(rankings)} rankings), {engine}", f"{inputs} inputs", s))
     depth, heads = model.depth, model.num_heads
