@@ -84,7 +84,7 @@ def block_forward(block: Block, x: torch.Tensor, heads_on: torch.Tensor | None =
         gate = gate[:, :first] if gate is not None else None
     out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # (B, H, Nq, d_k)
     if heads_on is not None:
-        out = out * heads_on.to(out.dtype)[:, :, None, None]
+        out = out * heads_on.to(out.device, out.dtype)[:, :, None, None]
     out = out.transpose(1, 2).reshape(b, q.shape[2], attn.attn_dim)  # (B, Nq, H · d_k): the heads side by side
     out = attn.norm(out)
     if gate is not None:

@@ -15,6 +15,7 @@ Wrapping also installs the capture's hooks on the network, once (:func:`attnviz.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -33,6 +34,7 @@ import attnviz.weightfiles as weightfiles
 from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
 from .errors import HubUnavailable, ModelError
 
+log = logging.getLogger(__name__)
 DEFAULT_SIZE = 196
 HUB_MODELS = (
     "vit_base_patch16_224.augreg2_in21k_ft_in1k",
@@ -156,10 +158,27 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def exact_float32() -> None:
+    """Float32 on the GPU as float32: no TensorFloat-32, which PyTorch allows by default in cuDNN's convolutions.
+
+    TF32 rounds a convolution's inputs to 10 bits of mantissa. On an H200 it moved the attention weights of
+    models with a convolutional stem (a hybrid ViT, ViTamin) by 1e-3 to 4e-3 (docs/tests.md#the-gpu). attnviz's
+    numbers are taught from, so a model placed on a GPU switches TF32 off for this process (PyTorch has no
+    per-model switch), once, and says so in the log.
+    """
+    # The flags PyTorch's own readers understand on every version (2.9's fp32_precision settings, mixed with them,
+    # make a later read of torch.backends.cudnn.allow_tf32 raise); setting them warns on none up to 2.14.
+    if torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        log.info("attnviz: TensorFloat-32 switched off for this process (torch.backends.cudnn.allow_tf32, "
+                 "torch.backends.cuda.matmul.allow_tf32): attention weights in exact float32 on the GPU")
+
+
 def checked_device(device: str | torch.device | None) -> torch.device:
     """``device`` as a torch.device this computer has, or one sentence (never torch's driver message)."""
     if device is None:
-        return default_device()
+        device = default_device()
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
@@ -171,6 +190,7 @@ def checked_device(device: str | torch.device | None) -> torch.device:
                              "use device=\"cpu\".")
         if device.index is not None and device.index >= gpus:
             raise ModelError(f"There is no GPU {device}: this computer has {gpus} (cuda:0 to cuda:{gpus - 1}).")
+        exact_float32()
     elif device.type == "mps":
         if not torch.backends.mps.is_available():
             raise ModelError("device=\"mps\" needs an Apple GPU that PyTorch can use, and this computer has none; "

@@ -208,8 +208,8 @@ class StagedCapture:
         tokens that are not queries at this layer)."""
         lay = self.layout(layer)
         ww = self.window_weights(layer, part)  # (W, H, Tq, Tk)
-        full = torch.zeros(lay.num_heads, lay.num_tokens, lay.num_keys, dtype=ww.dtype)
-        for w, (rows, cols) in enumerate(zip(lay.windows, lay.keys)):
+        full = ww.new_zeros(lay.num_heads, lay.num_tokens, lay.num_keys)  # where the capture is (CPU or GPU)
+        for w, (rows, cols) in enumerate(zip(lay.windows.to(ww.device), lay.keys.to(ww.device))):
             full[:, rows[:, None], cols[None, :]] = ww[w]
         return full
 
@@ -236,8 +236,8 @@ class StagedCapture:
             row = mixed_softmax(q, self.key[layer][:, w], lay.scale, bias, self._mix(layer))[:, 0]  # (H, Tk)
             if blend is not None and part is None:
                 row = blended(row, blend[0], positional)
-        full = torch.zeros(lay.num_heads, lay.num_keys, dtype=row.dtype)
-        full[:, lay.keys[w]] = row
+        full = row.new_zeros(lay.num_heads, lay.num_keys)
+        full[:, lay.keys[w].to(row.device)] = row
         return full
 
     def weights(self, layer: int, head: Head, part: str | None = None) -> np.ndarray:
@@ -304,9 +304,9 @@ def mean_received(lay: LayerLayout, weights: torch.Tensor) -> np.ndarray:
     """(h, w) at the keys' grid: each key's attention averaged over the queries of its window, from one
     head choice's window weights (W, Tq, Tk)."""
     received = weights.mean(-2)  # (W, Tk)
-    keys = lay.keys.reshape(-1)
-    flat = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, received.reshape(-1))
-    count = torch.zeros(lay.num_keys, dtype=received.dtype).index_add_(0, keys, torch.ones_like(received.reshape(-1)))
+    keys = lay.keys.reshape(-1).to(received.device)
+    flat = received.new_zeros(lay.num_keys).index_add_(0, keys, received.reshape(-1))
+    count = received.new_zeros(lay.num_keys).index_add_(0, keys, torch.ones_like(received.reshape(-1)))
     flat = flat / count.clamp(min=1)  # a key in several windows: the mean over them
     return flat[lay.num_key_prefix:].cpu().numpy().reshape(lay.keys_grid)
 

@@ -358,6 +358,26 @@ def test_cuda_without_a_gpu_is_one_sentence():
         attnviz.wrap(network, "tiny", "random init", 32, device="cuda:1")
 
 
+def test_a_gpu_device_switches_tensorfloat32_off(monkeypatch, caplog):
+    """PyTorch lets cuDNN convolutions round to TF32 by default; on an H200 that moved conv-stem models' weights
+    by 1e-3 to 4e-3 (tests/test_gpu.py). Asking for a GPU turns it off, for the CPU it stays as the user set it."""
+    from attnviz import models
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32  # flags of torch's C++ side
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        assert models.checked_device("cpu") == torch.device("cpu")
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        with caplog.at_level("INFO", logger="attnviz.models"):
+            assert models.checked_device(None) == torch.device("cuda")  # the default where a GPU is present
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert [r.message for r in caplog.records if "TensorFloat-32" in r.message] != []
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def test_a_device_torch_does_not_know_is_one_sentence():
     with pytest.raises(ModelError) as e:
         attnviz.load_model(device="gpu")
