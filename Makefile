@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench wheel
+.PHONY: setup run test test-gpu bench wheel
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# On a machine with a CUDA GPU: everything attnviz computes, on the GPU against the CPU (docs/tests.md#the-gpu).
+test-gpu: setup
+	$(BIN)/python -m pytest -q tests/test_gpu.py $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench

@@ -62,19 +62,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=196)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fills", default="token,mean", help="comma-separated fills to time (token, mean, blur)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU (PyTorch alone there)")
     parser.add_argument("--runtimes", default=",".join(runtimes.installed()),
                         help="CPU runtimes to time token removal on beside PyTorch (attnviz.fast), comma-separated")
     args = parser.parse_args(argv)
 
-    model = attnviz.load_model(size=args.size, device="cpu")
+    model = attnviz.load_model(size=args.size, device=args.device)
     cap = attnviz.capture(model, attnviz.load_photo(attnviz.photos.sample("cat"), model).image)
     rankings, _ = fa.standard_rankings(model, cap)
-    engines = {f"PyTorch (1 thread × {core_count()} at once)": model}  # as the runtimes: one call per core
-    for name in filter(None, args.runtimes.split(",")):
+    on_gpu = model.device.type == "cuda"
+    engines = {f"PyTorch on {torch.cuda.get_device_name(model.device)}" if on_gpu else
+               f"PyTorch (1 thread × {core_count()} at once)": model}  # as the runtimes: one call per core
+    for name in filter(None, "" if on_gpu else args.runtimes.split(",")):
         fast = attnviz.fast(model, name)
         if fast.runtime is not None and fast.runtime.removal() is not None:  # one thread per call, one call per core
             engines[f"{runtimes.RUNTIMES[name].LABEL} (1 thread × {core_count()} at once)"] = fast
-    forward = seconds(lambda: model.adapter.forward_batch(model.network, cap.input.expand(16, -1, -1, -1)), 2) / 16
+    def batch_of_16() -> None:
+        model.adapter.forward_batch(model.network, cap.input.expand(16, -1, -1, -1))
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    batch_of_16()
+    forward = seconds(batch_of_16, 2) / 16
     block = model.network.blocks[0]
     work = {}  # fill → floating-point operations of the blocks
     rows = []
@@ -98,8 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"offline ViT-S/14, cat photo, {args.size} px (N = {model.num_tokens}), torch threads "
           f"{torch.get_num_threads()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} / {load[1]:.1f} / "
           f"{load[2]:.1f} (1 / 5 / 15 min) after the run; median of {args.repeats}.")
-    print(f"machine: {machine.describe()}")
-    print(f"plain forward pass (PyTorch), batch of 16: {forward * 1000:.0f} ms per image\n")
+    print(f"machine: {machine.describe()}" + (f"; device {torch.cuda.get_device_name(model.device)}" if on_gpu else ""))
+    print(f"plain forward pass (PyTorch), batch of 16: {forward * 1000:.{1 if on_gpu else 0}f} ms per image\n")
     print("| what | work | seconds | in plain PyTorch forward passes | target |")
     print("|---|---|---|---|---|")
     for what, done, s in rows:

@@ -89,6 +89,7 @@ class Result:
     seconds: float = 0.0
     worst64: float = math.nan  # when float32 eager is off by more than TOLERANCE: capture vs eager, both float64
     truth: float = math.nan  # and then the float32 capture vs float64 eager: float32's own rounding
+    summaries: float = math.nan  # walks on a device: max |Δ| of every layer's summary map against a CPU capture
 
     @property
     def exact(self) -> bool:
@@ -454,8 +455,13 @@ def input_size(network: torch.nn.Module) -> int:
     return int(network.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
 
 
-def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int | None = None) -> Result:
-    """Build ``name`` small and random, peak its attention, and read it: exact (with max |Δ|) or refused."""
+def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int | None = None,
+             device: str | None = None, float64: bool = False) -> Result:
+    """Build ``name`` small and random, peak its attention, and read it: exact (with max |Δ|) or refused.
+
+    ``device``: where attnviz's capture runs, on a copy of the network; the eager reference runs on the CPU, and
+    every layer's summary map is compared with a CPU capture's (``Result.summaries``). ``float64``: measure the
+    capture against the float64 eager softmax (``Result.truth``) even where it is within TOLERANCE of float32's."""
     start = time.perf_counter()
     torch.manual_seed(0)
     network = timm.create_model(name, pretrained=False, **(build_kwargs or {})).eval()
@@ -463,28 +469,33 @@ def walk_one(module: str, name: str, build_kwargs: dict | None = None, size: int
     peak(network)
     untrained_init(module, network, size)
     try:
-        model = attnviz.wrap(network, name, "random init", size)
+        model = attnviz.wrap(network if device is None else copy.deepcopy(network), name, "random init", size,
+                             device=device or "cpu")
     except ModelError as error:
         return Result(module, name, "refused", str(error), seconds=time.perf_counter() - start)
     x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
-    cap = capture_tensor(model, x)
-    reference = reference_of(module, network, x, cap)
+    cap = capture_tensor(model, x.to(model.device))
+    # the windows and keys each row stands for, read off a CPU capture, so the reference never reads the device's
+    on_cpu = cap if device is None else capture_tensor(attnviz.wrap(network, name, "random init", size), x)
+    reference = reference_of(module, network, x, on_cpu)
     assert len(reference) == cap.num_layers, f"{name}: {len(reference)} eager softmaxes, {cap.num_layers} layers"
     worst = max_difference(cap, reference)
     worst64 = truth = math.nan
-    if worst > TOLERANCE:
+    if worst > TOLERANCE or float64:
         # Large peaked logits: the float32 fused path (the capture's) and eager path drift apart layer by
         # layer. The same weights in float64 say whether the capture's arithmetic is the model's.
         network64, x64 = network.double(), x.double()
         cap64 = capture_tensor(attnviz.wrap(network64, name, "random init", size), x64)
         reference64 = reference_of(module, network64, x64, cap64)
         worst64, truth = max_difference(cap64, reference64), max_difference(cap, reference64)
+    summaries = math.nan if device is None else max(  # what the page draws: the class token's row, or mean received
+        float(abs(cap.summary_map(i, "mean") - on_cpu.summary_map(i, "mean")).max()) for i in range(cap.num_layers))
     return Result(module, name, "exact", model.adapter.family, worst, max(float(r.max()) for r in reference),
-                  cap.num_layers, time.perf_counter() - start, worst64, truth)
+                  cap.num_layers, time.perf_counter() - start, worst64, truth, summaries)
 
 
 def max_difference(cap, reference: list[torch.Tensor]) -> float:
-    return max(float((cap.layer_weights(i).double() - ref.double()).abs().max()) for i, ref in enumerate(reference))
+    return max(float((cap.layer_weights(i).double().cpu() - ref.double()).abs().max()) for i, ref in enumerate(reference))
 
 
 def one_sentence(text: str) -> bool:
