@@ -127,8 +127,8 @@ def _staged_payload(blob: _Blob, cap: StagedCapture, all_rows: bool) -> None:
             blob.add(f"rows_lo.{layer}", lo)
             blob.add(f"rows_hi.{layer}", hi)
             blob.add(f"rows.{layer}", levels)
-            blob.add(f"windows.{layer}", lay.windows.numpy().astype(np.int32))  # (W, Tq) query tokens
-            blob.add(f"keys.{layer}", lay.keys.numpy().astype(np.int32))  # (W, Tk) key tokens
+            blob.add(f"windows.{layer}", lay.windows.cpu().numpy().astype(np.int32))  # (W, Tq) query tokens
+            blob.add(f"keys.{layer}", lay.keys.cpu().numpy().astype(np.int32))  # (W, Tk) key tokens
 
 
 def payload(cap: Capture | StagedCapture, all_rows: bool | None = None) -> tuple[bytes, dict]:

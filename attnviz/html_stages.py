@@ -61,7 +61,7 @@ def window_rows(cap: StagedCapture, layer: int) -> tuple[np.ndarray, np.ndarray,
     """(levels (K, W, Tq, Tk) uint8, lo (K, W, Tq), hi (K, W, Tq)): every query's row inside its window,
     quantised between the row's smallest and largest weight on the keys' grid."""
     lay = cap.layout(layer)
-    weights = cap.window_weights(layer).transpose(0, 1)  # (H, W, Tq, Tk)
+    weights = cap.window_weights(layer).transpose(0, 1).cpu()  # (H, W, Tq, Tk), on the CPU for the page
     rows = torch.stack([fuse_heads(weights, h) for h in head_choices(lay.num_heads)]).float()  # (K, W, Tq, Tk)
     cells = lay.keys - lay.num_key_prefix  # (W, Tk): the key-grid cell of each column; < 0: a prefix key
     on_grid = (cells >= 0)[None, :, None, :]

@@ -291,7 +291,7 @@ class StagedCapture:
         """(h, w) bool at the keys' grid: the patches query ``token`` attends within at ``layer`` (after the shift)."""
         lay = self.layout(layer)
         inside = np.zeros(lay.num_keys, bool)
-        inside[lay.keys[lay.window_of(token)[0]].numpy()] = True
+        inside[lay.keys[lay.window_of(token)[0]].cpu().numpy()] = True
         return inside[lay.num_key_prefix:].reshape(lay.keys_grid)
 
     def __repr__(self) -> str:

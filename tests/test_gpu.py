@@ -19,7 +19,7 @@ import timm
 import torch
 
 import attnviz
-from attnviz import ablation, cli, lesson, live, neuron, relevance, rollout
+from attnviz import ablation, cli, html, lesson, live, neuron, relevance, rollout
 from attnviz import faithfulness as fa
 from tests.test_zoo import SMALL_BUILDS
 from tests.zoo import TOLERANCE, walk_one
@@ -185,3 +185,20 @@ def test_a_gpu_capture_saves_and_loads(classifier, cat, tmp_path):
     attnviz.save_capture(path, g)
     back = attnviz.load_capture(path)
     assert close(back.all_weights(), g.all_weights()) <= 1e-6  # recomputed on the CPU from the GPU's q and k
+
+
+@pytest.mark.parametrize("name, kwargs, size", [("vit_small_patch16_224", {"depth": 2}, 224),
+                                                ("swin_tiny_patch4_window7_224", {"depths": (2, 2), "embed_dim": 32,
+                                                                                   "num_heads": (2, 4)}, 224)])
+def test_the_html_page_of_a_gpu_capture_is_the_cpus(name, kwargs, size):
+    """``attnviz.show`` / ``--html``: the page's numbers are quantised on the CPU, wherever the capture is."""
+    torch.manual_seed(0)
+    network = timm.create_model(name, pretrained=False, **kwargs).eval()
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
+    models = [attnviz.wrap(network, name, "random init", size),
+              attnviz.wrap(copy.deepcopy(network), name, "random init", size, device=GPU)]
+    pages = [html.page(attnviz.capture_tensor(m, x.to(m.device))) for m in models]
+    assert len(pages[1]) > 10_000 and pages[1].count("\n") > 10
+    # the same page, but for the odd quantisation step where the devices' float32 rounding crosses a level
+    same = sum(a == b for a, b in zip(pages[0], pages[1])) / max(len(pages[0]), len(pages[1]))
+    assert abs(len(pages[0]) - len(pages[1])) <= 64 and same > 0.99
