@@ -187,10 +187,11 @@ def layer_and_head(model: attnviz.Model) -> None:
     heads = [*HEAD_FUSIONS, *range(1, count + 1)]
     if st.session_state.get("head", "mean") not in heads:
         st.session_state.pop("head", None)
+    st.session_state.setdefault("layer", model.depth)  # its first value, not the widget's (ui.first_value says why)
     if layouts is None:
-        st.slider(t("view.layer"), 1, model.depth, model.depth, key="layer")
+        st.slider(t("view.layer"), 1, model.depth, key="layer")
     else:
-        st.select_slider(t("view.layer"), list(range(1, model.depth + 1)), value=model.depth, key="layer",
+        st.select_slider(t("view.layer"), list(range(1, model.depth + 1)), key="layer",
                          format_func=lambda n: layer_name(model, n))
     st.selectbox(
         t("view.head"), heads, key="head",

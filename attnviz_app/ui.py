@@ -49,6 +49,13 @@ def keep_choices() -> None:
             st.session_state[key] = st.session_state[key]
 
 
+def first_value(key: str, value: object) -> None:
+    """A kept widget's value before its first draw. keep_choices() sets kept keys through session state, and a
+    widget drawn with a value of its own as well makes Streamlit log a warning with a stack trace: kept widgets
+    take their first value from here instead."""
+    st.session_state.setdefault(key, value)
+
+
 def language_picker() -> None:
     """Sidebar: the language of every page."""
     st.sidebar.selectbox("Language / 語言", list(i18n.LANGUAGES), format_func=i18n.LANGUAGES.get, key="lang")

@@ -89,3 +89,20 @@ def test_layer_and_head_survive_a_run_that_stopped_early(app):
     app.run()
     assert app.slider(key="layer").value == 5 and app.selectbox(key="head").value == 3
     assert app.subheader[0].value == "Layer 5, head 3: where the class token looks"
+
+
+def test_kept_choices_log_no_session_state_warning(monkeypatch):
+    """Each run re-assigns the kept choices through session state (ui.keep_choices); a kept widget drawn with a
+    value of its own as well made Streamlit log, once per process, a warning with a whole stack trace."""
+    from streamlit.elements.lib import policies
+
+    logged: list[str] = []
+    monkeypatch.setattr(policies, "_shown_default_value_warning", False)  # once per process: as if first
+    monkeypatch.setattr(policies._LOGGER, "warning", lambda message, *args, **_: logged.append(message % args))
+    at = AppTest.from_file(str(APP), default_timeout=180).run()
+    at.slider(key="layer").set_value(5).run()
+    at.selectbox(key="sample").set_value(at.selectbox(key="sample").options[1]).run()
+    assert not at.exception
+    assert at.slider(key="layer").value == 5 and at.slider(key="alpha").value == 0.6  # kept, and the first value
+    assert at.toggle(key="smooth").value is False
+    assert [m for m in logged if "default value" in m] == []

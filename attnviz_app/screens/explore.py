@@ -31,11 +31,13 @@ def page() -> None:
     used = chosen_before.used(st.session_state)
     unused = t("classroom.unused")
     st.sidebar.header(t("view.display"))
-    alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, 0.6, 0.05, key="alpha", disabled=views.OPACITY not in used,
+    ui.first_value("alpha", 0.6)
+    ui.first_value("smooth", False)
+    alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, step=0.05, key="alpha", disabled=views.OPACITY not in used,
                               help=None if views.OPACITY in used else unused)
     cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"),
                                 disabled=views.COLOURS not in used, help=None if views.COLOURS in used else unused)
-    smooth = st.sidebar.toggle(t("view.smooth"), value=False, key="smooth", disabled=views.SMOOTH not in used,
+    smooth = st.sidebar.toggle(t("view.smooth"), key="smooth", disabled=views.SMOOTH not in used,
                                help=t("view.smooth_help") if views.SMOOTH in used else unused)
 
     if present:
@@ -78,7 +80,8 @@ def page() -> None:
         else:
             layer_col, head_col, view_col = st.columns([3, 2, 2])
         if views.LAYER in used:
-            layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, cap.num_layers, key="layer")
+            ui.first_value("layer", cap.num_layers)
+            layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, key="layer")
         else:
             layer = st.session_state.get("layer", cap.num_layers)
         if views.HEAD in used:
