@@ -112,6 +112,27 @@ def test_hf_pickles_are_refused_without_being_read(tmp_path):
         attnviz.load_model(f"hf:{folder}", device="cpu")
 
 
+def test_an_older_transformers_layout_is_one_sentence(monkeypatch):
+    """Up to transformers 5.17 Dinov2's attention computed q and k in attention.query / attention.key, with no
+    q_proj: that layout is refused in one sentence naming the version to install, never a traceback."""
+    from attnviz.adapters import hf
+
+    network = tiny("Dinov2Model")
+    for module in network.modules():
+        if type(module).__name__ == "Dinov2Attention":  # as 5.17 built it: the projections one module down
+            module.attention = torch.nn.Module()
+            module.attention.query, module.attention.key = module.q_proj, module.k_proj
+            del module.q_proj, module.k_proj
+    monkeypatch.setattr(hf, "transformers_version", lambda: "5.17.0")
+    with pytest.raises(ModelError) as e:
+        attnviz.wrap(network, "old", "random init", 32)
+    assert str(e.value) == (
+        "attnviz reads Dinov2Model's queries and keys from its q_proj and k_proj, which transformers has from version "
+        f"{hf.MIN_TRANSFORMERS} on, and this is transformers 5.17.0; upgrade it with pip install "
+        f"'transformers>={hf.MIN_TRANSFORMERS}'.")
+    assert attnviz.wrap(tiny("Dinov2Model"), "new", "random init", 32).num_heads == 4  # this transformers' layout
+
+
 def test_hf_unknown_folder_and_architecture(tmp_path):
     with pytest.raises(ModelError, match="no Hugging Face model 'nobody/nothing' in the local cache"):
         attnviz.load_model("hf:nobody/nothing", device="cpu")

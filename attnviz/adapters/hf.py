@@ -46,6 +46,15 @@ PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "
 # PIL resampling codes in preprocessor_config.json → torchvision InterpolationMode values
 RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 SUPPORTED = "ViT, DeiT, Dinov2, Dinov2WithRegisters and CLIP vision models"
+# The first transformers whose attention modules all compute q and k in q_proj and k_proj (Dinov2's had
+# attention.query and attention.key up to 5.17): pyproject.toml's extra attnviz[hf] asks for it.
+MIN_TRANSFORMERS = "5.18"
+
+
+def transformers_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
 
 
 def is_hf(network: torch.nn.Module) -> bool:
@@ -99,6 +108,10 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     layers = tuple(m for m in network.modules() if type(m).__name__ in LAYERS)
     if not attentions or len(attentions) != len(layers):
         raise ModelError(f"{arch} does not have the layer structure attnviz knows for {SUPPORTED}.")
+    if not all(hasattr(a, "q_proj") and hasattr(a, "k_proj") for a in attentions):
+        raise ModelError(f"attnviz reads {arch}'s queries and keys from its q_proj and k_proj, which transformers has "
+                         f"from version {MIN_TRANSFORMERS} on, and this is transformers {transformers_version()}; "
+                         f"upgrade it with pip install 'transformers>={MIN_TRANSFORMERS}'.")
     first = attentions[0]
     return HFAdapter(
         family=f"Hugging Face {arch}",
