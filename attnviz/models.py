@@ -35,6 +35,7 @@ from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
 from .errors import HubUnavailable, ModelError
 
 log = logging.getLogger(__name__)
+
 DEFAULT_SIZE = 196
 HUB_MODELS = (
     "vit_base_patch16_224.augreg2_in21k_ft_in1k",
