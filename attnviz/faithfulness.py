@@ -101,6 +101,22 @@ def standard_rankings(
     return tuple(rankings), tuple(notes)
 
 
+def map_count(model: Model, cap: Capture, *, heads: bool = False, random_orders: int = RANDOM_ORDERS) -> int:
+    """How many rankings :func:`standard_rankings` gives, without computing them (relevance costs a backward
+    pass): what the page says before the button is pressed."""
+    attention = cap.num_layers * (1 + (cap.num_heads if heads else 0))
+    # what relevance_map and class_relevance refuse before any computing (the target class is always in range)
+    relevance = (model.labels is not None and cap.has_class_token
+                 and model.adapter.eager_refusal(model.network) is None)
+    return attention + 1 + relevance + (cap.token_norms is not None) + random_orders
+
+
+def planned_inputs(maps: int, steps: int = STEPS) -> int:
+    """Forward passes for ``maps`` rankings at most: the untouched and the empty photo once, and per map the
+    deletion and insertion steps between them (identical patch sets run once, so a run may need fewer)."""
+    return 2 + 2 * (steps - 1) * maps
+
+
 def area(values: np.ndarray) -> float:
     """Mean of a curve over equal steps, by the trapezoid rule."""
     v = np.asarray(values, dtype=np.float64)

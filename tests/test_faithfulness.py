@@ -374,3 +374,34 @@ def test_the_last_block_for_the_class_token_alone_equals_the_whole_block(tiny_cl
     assert first.shape == (3, 1, 32)
     torch.testing.assert_close(first[:, 0], full[:, 0], rtol=0, atol=1e-6)
     assert interventions.reads_class_token(network)
+
+
+def rope_classifier():
+    torch.manual_seed(0)
+    network = timm.create_model("vit_small_patch16_rope_224", pretrained=False, num_classes=3, img_size=32,
+                                depth=1, embed_dim=32, num_heads=2).eval()
+    return attnviz.wrap(network, "rope", "random init", 32)
+
+
+@pytest.mark.parametrize("heads", [False, True])
+def test_the_page_counts_the_maps_and_passes_before_computing_them(heads, tiny_classifier, tiny_backbone):
+    """What the page says before its button is pressed: as many maps as standard_rankings gives (a classifier's
+    relevance map where its family has the eager forward, none where it refuses), and the passes they take."""
+    seen = set()
+    for model in (tiny_classifier, tiny_backbone, rope_classifier()):
+        cap = capture_of(model)
+        rankings, notes = fa.standard_rankings(model, cap, heads=heads)
+        assert fa.map_count(model, cap, heads=heads) == len(rankings)
+        seen.add(("relevance" in {r.kind for r in rankings}, bool(notes)))
+        result = fa.faithfulness(model, cap, heads=heads, fill="mean")
+        assert result.inputs <= fa.planned_inputs(len(rankings)) == 2 + 18 * len(rankings)
+    assert seen == {(True, False), (False, False), (False, True)}  # with relevance, without, and refused
+
+
+def test_the_real_models_page_caption_is_its_run(real_model, cat):
+    """19 maps (12 layers, rollout, token norms, 5 random orders) and 344 forward passes: the numbers the button
+    caption gives are the run's own."""
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("cat"), real_model).image)
+    maps = fa.map_count(real_model, cap)
+    assert (maps, fa.planned_inputs(maps)) == (19, 344)
+    assert fa.faithfulness(real_model, cap, fill="token").inputs == 344

@@ -52,6 +52,11 @@ def test_faithfulness_panel_shows_the_measured_sentence_and_table(lang):
         at.run()
         assert not at.exception, [e.value for e in at.exception]
         assert not at.info  # nothing measured before the button
+        _, _, result = reference()  # the tiny classifier: 2 layers, rollout, relevance, token norms, 5 random orders
+        said = ("Press the button: each map is tested on 18 altered copies of the photo (9 steps each way), "
+                f"{2 + 18 * 10} forward passes of the model for all 10 maps, random orders included.")
+        assert said in [c.value for c in at.caption] and result.inputs <= 2 + 18 * 10
+        assert len(result.curves) + len(result.random) == 10
         at.button(key="faith_run").click().run()
     else:  # AppTest formats a radio's options in the test's own (English) session on a rerun: one run only
         at.session_state["faith_asked"] = ((), "token", False)

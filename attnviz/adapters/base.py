@@ -73,14 +73,18 @@ class Adapter:
         """(B, 3, S, S) → (B, C): what :meth:`forward` gives, for a batch (the lesson's removal test)."""
         return network(x)
 
+    def eager_refusal(self, network: torch.nn.Module) -> str | None:
+        """Why :meth:`attention_forward` refuses ``network`` (one sentence), or None when it runs."""
+        return (f"{type(network).__name__} is not a timm Vision Transformer; "
+                "class-specific maps support plain timm ViTs only.")
+
     def attention_forward(
         self, network: torch.nn.Module, x: torch.Tensor
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(B, 3, S, S) → (logits, every layer's (B, H, N, N) attention weights), computed eagerly so the
         weights stay in the autograd graph (class-specific relevance needs their gradient). Leaves
-        ``network`` unchanged. A family without an eager forward refuses here."""
-        raise RelevanceError(f"{type(network).__name__} is not a timm Vision Transformer; "
-                             "class-specific maps support plain timm ViTs only.")
+        ``network`` unchanged. A family without an eager forward refuses here (:meth:`eager_refusal`)."""
+        raise RelevanceError(self.eager_refusal(network))
 
 
 def check_square_size(name: str, patch: int, size: int, built: tuple[int, int] | None, dynamic: bool) -> None:

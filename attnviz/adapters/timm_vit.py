@@ -100,19 +100,23 @@ class TimmAdapter(Adapter):
         tap.after(attn.q_norm, layer, Recorder.put_query)
         tap.after(attn.k_norm, layer, Recorder.put_key)
 
-    def attention_forward(
-        self, network: torch.nn.Module, x: torch.Tensor
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """timm's ``VisionTransformer.forward`` (eval mode) through :func:`eager_block`."""
+    def eager_refusal(self, network: torch.nn.Module) -> str | None:
         for block in self.blocks:
             # Only timm's exact Block / Attention computation is written out in eager_block. RoPE and
             # relative-position blocks are captured exactly, but their gradients would need their own
             # eager forward: refused, not approximated.
             if type(block).forward is not Block.forward or type(block.attn).forward is not Attention.forward:
-                raise RelevanceError(
-                    f"{type(block).__name__} blocks are not timm's standard ViT block; "
-                    "class-specific maps support plain timm Vision Transformers only."
-                )
+                return (f"{type(block).__name__} blocks are not timm's standard ViT block; "
+                        "class-specific maps support plain timm Vision Transformers only.")
+        return None
+
+    def attention_forward(
+        self, network: torch.nn.Module, x: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """timm's ``VisionTransformer.forward`` (eval mode) through :func:`eager_block`."""
+        reason = self.eager_refusal(network)
+        if reason is not None:
+            raise RelevanceError(reason)
         x = network.patch_embed(x)
         x = network._pos_embed(x)
         x = network.patch_drop(x)
