@@ -41,6 +41,29 @@ class HeadStats:
         return math.log(self.num_tokens)
 
 
+@dataclass(frozen=True)
+class DepthTrend:
+    """The distance panel in numbers: its most local and most global head, and the heads' mean distance in the
+    first and the second half of the layers (layers and heads 0-based; distances in input pixels)."""
+
+    local: tuple[int, int, float]  # (layer, head, distance)
+    far: tuple[int, int, float]
+    first_half: float  # mean over the heads of layers 0 … L // 2 − 1; NaN for a one-layer model
+    second_half: float  # … of layers L // 2 … L − 1
+    half: int  # L // 2: the first layer of the second half
+    num_layers: int
+
+
+def depth_trend(stats: HeadStats) -> DepthTrend:
+    """What :attr:`HeadStats.distance` says about depth on this capture (heads a layer lacks are NaN)."""
+    d = stats.distance  # (L, H)
+    near, far = np.unravel_index(np.nanargmin(d), d.shape), np.unravel_index(np.nanargmax(d), d.shape)
+    half = d.shape[0] // 2
+    first = float(np.nanmean(d[:half])) if half else math.nan
+    return DepthTrend((int(near[0]), int(near[1]), float(d[near])), (int(far[0]), int(far[1]), float(d[far])),
+                      first, float(np.nanmean(d[half:])), half, d.shape[0])
+
+
 def entropy(rows: torch.Tensor) -> torch.Tensor:
     """(..., N) rows of probabilities → (...) entropy in nats, with 0 · ln 0 = 0."""
     logs = torch.where(rows > 0, rows.clamp_min(1e-30).log(), torch.zeros_like(rows))

@@ -71,3 +71,18 @@ def test_head_stats_match_independent_loops(cat):
     pairs = [(a, b) for a in range(16) for b in range(16)]
     mean = sum(8 * math.hypot(a // 4 - b // 4, a % 4 - b % 4) for a, b in pairs) / len(pairs)
     assert stats.uniform_distance == pytest.approx(mean)
+
+
+def test_depth_trend_reads_the_distance_panel():
+    """The most local and most global head and the two halves' means, heads a layer lacks (NaN) left out."""
+    from attnviz.stats import HeadStats, depth_trend
+
+    distance = np.array([[90.0, 80.0, np.nan], [12.0, 70.0, 60.0], [50.0, 110.0, 40.0], [30.0, np.nan, 20.0]])
+    stats = HeadStats(np.zeros((4, 3)), distance, np.zeros((4, 3)), 197, 14.0, 101.9)
+    trend = depth_trend(stats)
+    assert trend.local == (1, 0, 12.0) and trend.far == (2, 1, 110.0)
+    assert trend.half == 2 and trend.num_layers == 4
+    assert trend.first_half == pytest.approx((90 + 80 + 12 + 70 + 60) / 5)
+    assert trend.second_half == pytest.approx((50 + 110 + 40 + 30 + 20) / 5)
+    one = depth_trend(HeadStats(np.zeros((1, 2)), np.array([[5.0, 7.0]]), np.zeros((1, 2)), 17, 8.0, 10.0))
+    assert one.half == 0 and np.isnan(one.first_half) and one.second_half == 6.0

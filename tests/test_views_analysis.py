@@ -136,6 +136,25 @@ def test_stats_view_reference_lines(app):
     assert "One patch is 14 px wide" in captions
 
 
+def test_stats_view_says_what_its_distance_panel_shows(app, page_capture):
+    """The sentence under the explanation is this capture's numbers, read here with plain numpy."""
+    from attnviz.stats import head_stats
+
+    stats = head_stats(page_capture)
+    d = stats.distance  # (12, 6)
+    ll, lh = np.unravel_index(d.argmin(), d.shape)
+    fl, fh = np.unravel_index(d.argmax(), d.shape)
+    first, second = round(d[:6].mean()), round(d[6:].mean())
+    expected = (f"The most local head is head {lh + 1} of layer {ll + 1} ({d[ll, lh]:.0f} px, "
+                f"{d[ll, lh] / 14:.1f} patches), the most global head {fh + 1} of layer {fl + 1} ({d[fl, fh]:.0f} px); "
+                f"a patch looking at all patches equally would look {stats.uniform_distance:.0f} px far. "
+                f"Averaged over their heads, layers 1–6 look {first} px far and layers 7–12 {second} px: "
+                f"{'farther' if second > first else 'nearer'} with depth.")
+    choose(app, "stats")
+    assert expected in [i.value for i in app.info]
+    assert first != second  # the cat photo's halves differ (60 and 75 px): the direction word is tested
+
+
 def test_relevance_view_explains_itself_without_a_classifier(app):
     choose(app, "relevance")
     assert all(s.key != "relevance_class_disabled" for s in app.selectbox)

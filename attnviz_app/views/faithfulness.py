@@ -41,7 +41,9 @@ def measure_or_wait(model, cap, cap_key: tuple, fill: str, heads: bool, prefix: 
     if buttons[0].button(t("faith_page.run"), key=f"{prefix}_run", type="primary"):
         st.session_state[f"{prefix}_asked"] = asked
     if st.session_state.get(f"{prefix}_asked") != asked:
-        st.caption(t("faith_page.press"))
+        maps = fa.map_count(model, cap, heads=heads)
+        st.caption(t("faith_page.press", steps=2 * (fa.STEPS - 1), each=fa.STEPS - 1, maps=maps,
+                     passes=fa.planned_inputs(maps)))
         return None
     slot = buttons[1].empty()  # the Cancel button, only while the run is on
     if not heavy.cached(KIND, cap_key, args) and slot.button(t("faith_page.cancel"), key=f"{prefix}_cancel"):

@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from attnviz.stats import HeadStats, head_stats
+from attnviz.stats import HeadStats, depth_trend, head_stats
 from .. import heavy
 from ..text import t
 
@@ -73,6 +73,20 @@ def export_figure(
     return fig
 
 
+def trend_sentence(stats: HeadStats) -> str:
+    """This capture's distance panel in words: every number one the panel shows (depth_trend)."""
+    trend = depth_trend(stats)
+    (ll, lh, ld), (fl, fh, fd) = trend.local, trend.far
+    said = t("analysis.stats.trend_heads", ll=ll + 1, lh=lh + 1, ld=ld, lp=ld / stats.patch_px, fl=fl + 1, fh=fh + 1,
+             fd=fd, uniform=stats.uniform_distance)
+    if trend.half:
+        first, second = round(trend.first_half), round(trend.second_half)  # as the sentence shows them
+        way = "farther" if second > first else "nearer" if second < first else "same"
+        said += " " + t("analysis.stats.trend_halves", mid=trend.half, mid1=trend.half + 1, last=trend.num_layers,
+                        first=first, second=second, direction=t(f"analysis.stats.trend_{way}"))
+    return said
+
+
 def show(ctx: Context) -> None:
     cap = ctx.cap
     # ~1.6 s at 518 px: shared and bounded across sessions
@@ -80,6 +94,7 @@ def show(ctx: Context) -> None:
     data = table(stats)
     st.subheader(t("analysis.stats.title"))
     st.markdown(t("analysis.stats.explain"))
+    st.info(trend_sentence(stats))
     titles = {f: t(f"analysis.stats.{f}_title", size=ctx.model.size) for f in PANELS}
     axes = {
         "distance": t("analysis.stats.distance_axis"),
