@@ -57,6 +57,9 @@ def test_faithfulness_panel_shows_the_measured_sentence_and_table(lang):
                 f"{2 + 18 * 10} forward passes of the model for all 10 maps, random orders included.")
         assert said in [c.value for c in at.caption] and result.inputs <= 2 + 18 * 10
         assert len(result.curves) + len(result.random) == 10
+        assert at.checkbox(key="faith_heads").help == (  # 2 layers × (mean + 4 heads), rollout, relevance, norms, 5
+            "Also rank by the own map of each of the 4 heads in every layer: 18 maps instead of 10, "
+            f"{2 + 18 * 18} forward passes of the model (slower).")
         at.button(key="faith_run").click().run()
     else:  # AppTest formats a radio's options in the test's own (English) session on a rerun: one run only
         at.session_state["faith_asked"] = ((), "token", False)

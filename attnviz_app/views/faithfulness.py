@@ -140,7 +140,10 @@ def show(ctx: Context) -> None:
     left, right = st.columns([3, 2])
     fill = left.radio(t("faith_page.fill"), fills, key="faith_fill", horizontal=True,
                       format_func=lambda f: t(f"faithfulness.fill_{f}"), help=t("faith_page.fill_help"))
-    heads = right.checkbox(t("faith_page.heads"), key="faith_heads", help=t("faith_page.heads_help"))
+    with_heads = fa.map_count(ctx.model, ctx.cap, heads=True)
+    heads = right.checkbox(t("faith_page.heads"), key="faith_heads", help=t(
+        "faith_page.heads_help", heads=ctx.cap.num_heads, maps=with_heads, without=fa.map_count(ctx.model, ctx.cap),
+        passes=fa.planned_inputs(with_heads)))
     if why_not:
         st.caption(why_not)
     result = measure_or_wait(ctx.model, ctx.cap, ctx.cap_key, fill or fills[0], heads, "faith")
