@@ -186,7 +186,7 @@ def show(ctx: Context) -> None:
     head = _head(ctx)
     st.subheader(t("qkmap.title", layer=ctx.layer + 1, head=head + 1))
     if not ctx.present:  # a projector keeps the room for the map
-        st.caption(t("qkmap.explain"))
+        st.caption(t("qkmap.explain", dk=cap.query.shape[-1]))  # (L, H, N, d_k)
     c1, c2, c3 = st.columns(3)
     method = c1.selectbox(t("qkmap.method"), qkmap.METHODS, key="qk_method", placeholder=t("classroom.choose"),
                           format_func=lambda m: t(f"qkmap.method_{m}"))
