@@ -15,7 +15,7 @@ head that attends to the object matter?" is a rank correlation on this photo.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Literal
 
 import numpy as np
 import torch
@@ -26,8 +26,10 @@ from .errors import FaithfulnessError
 from .faithfulness import Measure, follow, measure_of
 from .models import Model
 from .rollout import rollout_map
+from .stats import entropy as entropy_nats
 
 TOP_SHARE = 0.1  # "the object": the top 10 % of patches by rollout
+TENDENCY_RHO = 0.3  # |Spearman ρ| from which a tendency is stated (p ≈ 0.01 over 72 heads)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -54,7 +56,7 @@ class HeadAblation:
 
     measure: Measure
     effect: np.ndarray  # (L, H): 1 − cosine similarity, or the drop of the predicted class's probability
-    entropy: np.ndarray  # (L, H): entropy in bits of the head's class-token attention over the patches
+    entropy: np.ndarray  # (L, H): entropy in nats of the head's class-token attention over the patches
     top_share: np.ndarray  # (L, H): share of that attention on the rollout's top 10 % patches
     target: int | None = None
     target_label: str | None = None
@@ -68,6 +70,18 @@ class HeadAblation:
     def share_correlation(self) -> float:
         return spearman(self.effect, self.top_share)
 
+    def tendency(self, statistic: Literal["entropy", "share"]) -> Literal["more", "less", "little", "none"]:
+        """What the rank correlation says of heads that attend narrowly (low entropy) or to the object (high
+        share): they tend to matter ``"more"`` or ``"less"`` (|ρ| ≥ ``TENDENCY_RHO``), ``"little"`` is said
+        (|ρ| below it), or ``"none"`` can be (a constant side)."""
+        rho = self.entropy_correlation if statistic == "entropy" else self.share_correlation
+        if np.isnan(rho):
+            return "none"
+        if abs(rho) < TENDENCY_RHO:
+            return "little"
+        toward = -rho if statistic == "entropy" else rho  # low entropy = narrow
+        return "more" if toward > 0 else "less"
+
     def to_json(self) -> list[list[float]]:
         """One list per layer (layer 1 first), one effect per head (head 1 first)."""
         return self.effect.tolist()
@@ -80,9 +94,9 @@ def _check(model: Model) -> None:
 
 
 def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
-    """(L, H) entropy (bits) of each head's class-token row over the patches (renormalised), and (L, H)
-    share of that row on the rollout's top 10 % patches. Without a class token: the mean attention
-    each patch receives, per head."""
+    """(L, H) entropy in nats (as in the statistics view) of each head's class-token row over the patches
+    (renormalised), and (L, H) share of that row on the rollout's top 10 % patches. Without a class token:
+    the mean attention each patch receives, per head."""
     p = cap.num_prefix_tokens
     rolled = rollout_map(cap).ravel()
     top = np.argsort(-rolled, kind="stable")[: max(1, int(round(TOP_SHARE * rolled.size)))]
@@ -93,9 +107,9 @@ def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
             rows = cap.layer_rows(layer, 0)[:, p:].double()  # (H, P)
         else:
             rows = cap.layer_weights(layer)[:, p:, p:].double().mean(1)  # (H, P): mean received
-        rows = (rows / rows.sum(-1, keepdim=True)).cpu().numpy()
-        entropy[layer] = -(rows * np.log2(np.clip(rows, 1e-300, None))).sum(-1)
-        share[layer] = rows[:, top].sum(-1)
+        rows = (rows / rows.sum(-1, keepdim=True)).cpu()
+        entropy[layer] = entropy_nats(rows).numpy()
+        share[layer] = rows[:, top].sum(-1).numpy()
     return entropy, share
 
 

@@ -92,13 +92,31 @@ def test_statistics_and_their_rank_correlation():
     p = cap.num_prefix_tokens
     row = cap.layer_rows(1, 0)[2, p:].double().numpy()
     row = row / row.sum()
-    assert result.entropy[1, 2] == pytest.approx(-(row * np.log2(row)).sum(), abs=1e-9)
+    assert result.entropy[1, 2] == pytest.approx(-(row * np.log(row)).sum(), abs=1e-9)  # nats, as the stats view
     top = np.argsort(-attnviz.rollout_map(cap).ravel(), kind="stable")[:2]  # 10 % of 16 patches, rounded
     assert result.top_share[1, 2] == pytest.approx(row[top].sum(), abs=1e-9)
     assert ablation.spearman(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == pytest.approx(1.0)
     assert ablation.spearman(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == pytest.approx(-1.0)
     assert ablation.spearman(np.array([1, 2, 2, 3]), np.array([1, 2, 3, 4])) == pytest.approx(0.9486832980505138)
     assert result.entropy_correlation == pytest.approx(ablation.spearman(result.effect, result.entropy))
+
+
+def test_the_sentence_s_tendency_follows_the_sign_and_size_of_rho():
+    """Narrow heads (low entropy) or heads on the object (high share) matter "more" or "less" only from
+    |ρ| ≥ 0.3; a constant side says nothing."""
+    effect = np.arange(12.0).reshape(3, 4)
+    def grid(entropy, share):
+        return ablation.HeadAblation("cosine", effect, np.asarray(entropy, float).reshape(3, 4),
+                                     np.asarray(share, float).reshape(3, 4))
+    rising, falling = np.arange(12.0), -np.arange(12.0)
+    assert grid(falling, rising).tendency("entropy") == "more"  # the lower the entropy, the larger the effect
+    assert grid(falling, rising).tendency("share") == "more"
+    assert grid(rising, falling).tendency("entropy") == "less"
+    assert grid(rising, falling).tendency("share") == "less"
+    weak = np.array([5, 0, 9, 2, 11, 7, 3, 10, 1, 8, 4, 6.0])  # ρ = +0.10 against the effect's order
+    assert abs(ablation.spearman(effect, weak)) < ablation.TENDENCY_RHO
+    assert grid(weak, -weak).tendency("entropy") == grid(weak, -weak).tendency("share") == "little"
+    assert grid(np.ones(12), rising).tendency("entropy") == "none"
 
 
 def test_several_heads_off_at_once_redraws_every_map():

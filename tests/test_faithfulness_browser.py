@@ -51,6 +51,9 @@ def test_click_a_head_off_and_pick_a_query_patch(app_in_chromium, real_model, ca
     grid = ablation.head_ablation(real_model, cat_capture)
     text = page.locator("[data-testid='stAlertContentInfo']").first.inner_text()
     assert f"{grid.entropy_correlation:+.2f} over the 72 heads" in text
+    follows = {"little": "says little", "more": "focused heads (low entropy) tend to matter more",
+               "less": "focused heads (low entropy) tend to matter less"}[grid.tendency("entropy")]
+    assert follows in text, text  # the sentence that follows from ρ on this photo
     page.locator(".st-key-ablation_grid_0").scroll_into_view_if_needed()
     shot(page, "ablation_desktop_en_grid")
     click_in(page, ".st-key-ablation_grid_0", 0.55, 0.45)  # one cell of the effect grid

@@ -97,7 +97,7 @@ WORDS = {
                                  "99th percentile", "high-norm mark (3×)"],
         "token_norms_layer2_histogram": ["How many patches have each norm, after layer 2", "token norm", "patches"],
         "head_ablation_effect": ["Head", "Layer", "✕"],
-        "head_entropy": ["Entropy of the class token's attention (bits): low = focused", "Head", "Layer", "✕"],
+        "head_entropy": ["Entropy of the class token's attention over the patches (nats): low = focused", "Head", "Layer", "✕"],
         "q_k_product_layer2_head1_query11_key12": ["q", "k", "q ⊙ k", "q, k and their elementwise product q_i · k_i, "
                                                    "dimension by dimension (layer 2, head 1, d_k = 8)"],
         "qk_map_layer2_head1_pca": ["first direction", "second direction", "query", "key", "Patch row"],
@@ -112,7 +112,7 @@ WORDS = {
         "token_norms_by_layer": ["各層的圖塊 token 範數 ÷ 中位數", "範數 ÷ 中位數", "層", "最大的圖塊", "第 99 百分位數"],
         "token_norms_layer2_histogram": [],  # its words are checked in English; here only that it converts
         "head_ablation_effect": ["注意力頭", "層", "✕"],
-        "head_entropy": ["類別 token 注意力的熵（位元）：越低越集中", "注意力頭", "層", "✕"],
+        "head_entropy": ["類別 token 在圖塊上的注意力的熵（nat）：越低越集中", "注意力頭", "層", "✕"],
         "q_k_product_layer2_head1_query11_key12": ["q", "k", "q ⊙ k",
                                                    "q、k 與逐元素乘積 q_i · k_i，逐一維度（第 2 層，第 1 個注意力頭，d_k = 8）"],
         "qk_map_layer2_head1_pca": ["第一方向", "第二方向", "查詢", "鍵", "圖塊所在列"],

@@ -67,3 +67,37 @@ def _display(at: AppTest, key: str):
 def test_two_views_may_not_share_a_name(toy_views):
     with pytest.raises(ValueError, match="two views are called 'toy'"):
         views.register(views.View("toy", bare_show))
+
+
+def tiny_page(view: str):  # AppTest runs its source alone: it imports what it uses
+    import torch
+    from PIL import Image
+
+    import attnviz
+    from attnviz_app import views
+    from conftest import tiny_vit
+
+    model = tiny_vit(seed=5)
+    with torch.no_grad():
+        for block in model.network.blocks:
+            block.attn.qkv.weight[:64] *= 4.0
+    picture = Image.new("RGB", (32, 32), (120, 80, 40))
+    views.registered()[view].show(views.Context(model, attnviz.capture(model, picture), picture, 1, "mean", 0.6,
+                                                "inferno", False, "crop"))
+
+
+@pytest.mark.parametrize("view", list(views.registered()))
+def test_no_box_of_a_view_shows_streamlit_s_english_placeholder_in_chinese(view):
+    """Streamlit's own "Choose an option" / "Choose options" stay English whatever the page's language: every
+    box that can show its placeholder (a multiselect, a select box with nothing chosen) passes its own from
+    the catalogue."""
+    at = AppTest.from_function(tiny_page, args=(view,), default_timeout=60)
+    at.session_state["lang"] = "zh-TW"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    empty = [*at.multiselect, *(box for box in at.selectbox if box.value is None)]
+    chinese = set(i18n.catalogue("zh-TW").values())
+    for box in empty:
+        assert box.proto.placeholder in chinese, (view, box.label, box.proto.placeholder)
+    if view == "ablation":
+        assert [box.proto.placeholder for box in at.multiselect] == ["挑選要關掉的注意力頭"]

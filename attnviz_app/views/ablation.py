@@ -2,8 +2,6 @@
 (attnviz.ablation)."""
 from __future__ import annotations
 
-import math
-
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -87,14 +85,15 @@ def measured_grid(ctx: Context) -> ablation.HeadAblation | None:
 
 
 def correlation_sentence(result: ablation.HeadAblation, statistic: str) -> str:
-    rho = result.entropy_correlation if statistic == "entropy" else result.share_correlation
-    if math.isnan(rho):
+    tendency = result.tendency(statistic)
+    if tendency == "none":
         return t("ablation_page.corr_none")
+    rho = result.entropy_correlation if statistic == "entropy" else result.share_correlation
     said = t("ablation_page.correlation", statistic=t(f"ablation_page.corr_{statistic}"), rho=rho,
              n=result.effect.size)
-    # "matter more" when heads that are focused (low entropy) or on the object (high share) have larger effects
-    strong = (rho <= -0.3) if statistic == "entropy" else (rho >= 0.3)
-    return said + " " + t("ablation_page.corr_strong" if strong else "ablation_page.corr_weak")
+    if tendency == "little":
+        return said + " " + t("ablation_page.corr_little", rho=ablation.TENDENCY_RHO)
+    return said + " " + t(f"ablation_page.corr_{statistic}_{tendency}")
 
 
 def show(ctx: Context) -> None:
@@ -134,6 +133,7 @@ def show(ctx: Context) -> None:
     options = [head_key(l, h) for l in range(cap.num_layers) for h in range(cap.num_heads)]
     st.session_state[OFF] = off_keys
     chosen = st.multiselect(t("ablation_page.off"), options, key=OFF, help=t("ablation_page.off_help"),
+                            placeholder=t("ablation_page.off_placeholder"),
                             format_func=lambda k: t("ablation_page.head_name", layer=parse(k)[0] + 1,
                                                     head=parse(k)[1] + 1))
     if not chosen:
