@@ -133,6 +133,20 @@ class QKStats:
     column_r: float
     pairs: int  # (query, key) pairs the rank correlation used
 
+    @property
+    def closeness(self) -> Literal["strong", "weak", "none", "against_weak", "against"]:
+        """How the map's distances follow attention, from ``distance_rho``: nearer pairs attend more (≤ −0.4
+        strong, < −0.1 weak), no order (|ρ| ≤ 0.1), or farther pairs attend more (> 0.1 against_weak, ≥ 0.4
+        against; seen with AttentionViz's normalisation, e.g. +0.42 on the rocket photo)."""
+        rho = self.distance_rho
+        if rho <= -0.4:
+            return "strong"
+        if rho < -0.1:
+            return "weak"
+        if rho <= 0.1:
+            return "none"
+        return "against" if rho >= 0.4 else "against_weak"
+
 
 # --- Normalisation ------------------------------------------------------------------------------
 

@@ -113,6 +113,14 @@ def test_statistics_known_answers():
     assert fit.shape == (2,)
 
 
+def test_closeness_bands_follow_the_sign_of_rho():
+    """The page's first sentence: nearer pairs attend more (ρ ≤ −0.4, < −0.1), no order, or farther pairs
+    attend more (ρ > 0.1, ≥ 0.4), which the page used to call "says little"."""
+    band = lambda rho: qkmap.QKStats(rho, 0.5, 0.5, 100).closeness  # noqa: E731
+    assert [band(r) for r in (-0.9, -0.4, -0.39, -0.11, -0.1, 0.0, 0.1, 0.11, 0.39, 0.4, 0.9)] == [
+        "strong", "strong", "weak", "weak", "none", "none", "none", "against_weak", "against_weak", "against", "against"]
+
+
 def test_statistics_of_a_map(tiny_cap):
     _, _, cap = tiny_cap
     qk = qkmap.qk_map(cap, 0, 1, normalize="none")

@@ -79,3 +79,23 @@ def test_missing_umap_says_how_to_get_it(lang, monkeypatch, real_model):
     assert "pip install 'attnviz[qk]'" in at.warning[0].value
     rho, _, _ = expected_numbers(real_model, 11, 2)  # and it shows the PCA map instead
     assert f"{rho:+.2f}" in "\n".join(m.value for m in at.markdown)
+
+
+def test_a_map_whose_distances_run_against_attention_says_so(real_model):
+    """The rocket photo, layer 1, head 1, as the page first draws it (PCA of AttentionViz-normalised q and k):
+    farther pairs have the larger q·k (ρ ≈ +0.42). The sentence says so; it used to say "says little"."""
+    import attnviz
+    from attnviz import qkmap
+
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("rocket"), real_model).image)
+    stats = qkmap.statistics(qkmap.qk_map(cap, 0, 0))
+    assert stats.distance_rho >= 0.4 and stats.closeness == "against"
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["sample"] = "rocket"
+    at.session_state["view"] = "qkmap"
+    at.session_state["layer"] = 1
+    at.session_state["head"] = 1
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    text = "\n".join(m.value for m in at.markdown)
+    assert i18n.text("en", "qkmap.near_against", layer=1, head=1, rho=stats.distance_rho, pairs=stats.pairs) in text, text

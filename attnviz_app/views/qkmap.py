@@ -53,10 +53,8 @@ def measured_sentence(stats: qkmap.QKStats, layer: int, head: int) -> str:
     best = max(stats.row_r, stats.column_r)
     axis = t("qkmap.axis_row") if stats.row_r >= stats.column_r else t("qkmap.axis_column")
     verdict = ("qkmap.by_position" if best >= 0.7 else "qkmap.partly_position" if best >= 0.4 else "qkmap.not_position")
-    near = "qkmap.near_strong" if stats.distance_rho <= -0.4 else "qkmap.near_weak" if stats.distance_rho < -0.1 \
-        else "qkmap.near_none"
     return " ".join([
-        t(near, layer=layer + 1, head=head + 1, rho=stats.distance_rho, pairs=stats.pairs),
+        t(f"qkmap.near_{stats.closeness}", layer=layer + 1, head=head + 1, rho=stats.distance_rho, pairs=stats.pairs),
         t(verdict, row=stats.row_r, col=stats.column_r, axis=axis),
     ])
 
