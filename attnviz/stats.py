@@ -64,6 +64,32 @@ def depth_trend(stats: HeadStats) -> DepthTrend:
                       first, float(np.nanmean(d[half:])), half, d.shape[0])
 
 
+@dataclass(frozen=True)
+class Spread:
+    """How concentrated the class token's attention is, layer by layer (the "How to read this map" tip):
+    ``mean_map`` (L,) the entropy in nats of its row averaged over the heads — the map the page first shows —
+    and ``heads`` (L, H) each head's own. 0 = all attention on one token, ln N = an equal share for all."""
+
+    mean_map: np.ndarray
+    heads: np.ndarray
+    num_tokens: int
+
+    @property
+    def focused_layer(self) -> int:
+        return int(np.argmin(self.mean_map))
+
+    @property
+    def spread_layer(self) -> int:
+        return int(np.argmax(self.mean_map))
+
+
+def class_token_spread(cap: Capture) -> Spread:
+    """:class:`Spread` of a capture with a class token (0-based layers)."""
+    rows = [cap.layer_rows(layer, 0).double() for layer in range(cap.num_layers)]  # (H, N) each
+    mean_map = torch.stack([entropy(r.mean(0)) for r in rows]).cpu().numpy()
+    return Spread(mean_map, torch.stack([entropy(r) for r in rows]).cpu().numpy(), cap.num_tokens)
+
+
 def entropy(rows: torch.Tensor) -> torch.Tensor:
     """(..., N) rows of probabilities → (...) entropy in nats, with 0 · ln 0 = 0."""
     logs = torch.where(rows > 0, rows.clamp_min(1e-30).log(), torch.zeros_like(rows))

@@ -106,3 +106,29 @@ def test_kept_choices_log_no_session_state_warning(monkeypatch):
     assert at.slider(key="layer").value == 5 and at.slider(key="alpha").value == 0.6  # kept, and the first value
     assert at.toggle(key="smooth").value is False
     assert [m for m in logged if "default value" in m] == []
+
+
+def test_how_to_read_says_what_this_capture_does_in_depth(app, real_model, cat):
+    """The tip under the heatmap is measured on the photo shown, recomputed here with numpy from the timm
+    capture's weights: on the cat, this model's class token is most spread out in a late layer (the tip
+    used to say that later layers gather on the object)."""
+    import math
+
+    import numpy as np
+
+    import attnviz
+
+    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+    rows = [np.asarray(cap.weights(layer, h)[0], dtype=np.float64) for layer in range(12) for h in range(6)]
+    rows = np.array(rows).reshape(12, 6, -1)  # (L, H, N): the class token's rows
+    def nats(p):
+        return -(p * np.log(p)).sum(-1)
+    mean_map = nats(rows.mean(1))
+    focused, spread = int(mean_map.argmin()), int(mean_map.argmax())
+    assert spread >= 6 > focused  # this model on the cat: concentrated early, spread late
+    heads = nats(rows[11])
+    tip = next(m.value for m in app.markdown if "most concentrated in layer" in m.value)
+    assert (f"most concentrated in layer {focused + 1} and most spread out in layer {spread + 1}: its entropy "
+            f"there is {mean_map[focused]:.2f} and {mean_map[spread]:.2f} nats") in tip, tip
+    assert f"ln 197 = {math.log(197):.2f}" in tip
+    assert f"in layer 12 their entropies range from {heads.min():.2f} to {heads.max():.2f} nats" in tip, tip

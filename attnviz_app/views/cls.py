@@ -2,12 +2,14 @@
 token, the stated alternative (the mean attention each patch receives), labelled as such."""
 from __future__ import annotations
 
+import math
+
 import altair as alt
 import pandas as pd
 import streamlit as st
 from PIL import Image
 
-from attnviz import offline, render, runtimes
+from attnviz import offline, render, runtimes, stats
 from ..text import t
 
 from .base import ALL, Context, View, register
@@ -55,7 +57,12 @@ def show(ctx: Context) -> None:
         heatmap(picture, grid_map, ctx.cmap, caption)
         with st.expander(t("view.reading")):
             if cap.has_class_token:
-                reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens)
+                spread = stats.class_token_spread(cap)  # measured here, not what models often do
+                heads = spread.heads[ctx.layer]
+                reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens,
+                            focused=spread.focused_layer + 1, spread=spread.spread_layer + 1,
+                            fe=spread.mean_map[spread.focused_layer], se=spread.mean_map[spread.spread_layer],
+                            max=math.log(cap.num_tokens), layer=ctx.layer + 1, lo=heads.min(), hi=heads.max())
             else:
                 reading = t("families.no_cls_reading_body", p=patches, uniform=1 / patches)
             sentence = norm_sentence(cap, ctx.layer)  # what this capture shows, not what models often do
