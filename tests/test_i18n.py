@@ -80,3 +80,12 @@ def test_text_fills_placeholders():
         i18n.text("en", "lesson.no_such_key")
     with pytest.raises(KeyError):
         i18n.text("xx", "lesson.title")
+
+
+def test_chinese_keeps_patch_and_block_apart():
+    """圖塊 is a patch, 區塊 a transformer block (Swin's Stage / Block): a text that says 區塊 speaks of a block
+    in English too, so a student never reads 'block' where the English says 'patch'."""
+    en, zh = i18n.catalogue("en"), i18n.catalogue("zh-TW")
+    mixed = [key for key, text in zh.items() if "區塊" in text and "block" not in en[key].lower()]
+    assert not mixed, mixed
+    assert sum("圖塊" in text for text in zh.values()) > 100  # the word for patch is in use
