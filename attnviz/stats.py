@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .capture import Capture
+from .softmax import softmax_scores
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,17 @@ class Spread:
     def spread_layer(self) -> int:
         return int(np.argmax(self.mean_map))
 
+    @property
+    def max_entropy(self) -> float:
+        """ln N: the entropy of a row that attends to all N tokens equally."""
+        return math.log(self.num_tokens)
+
 
 def class_token_spread(cap: Capture) -> Spread:
     """:class:`Spread` of a capture with a class token (0-based layers)."""
-    rows = [cap.layer_rows(layer, 0).double() for layer in range(cap.num_layers)]  # (H, N) each
-    mean_map = torch.stack([entropy(r.mean(0)) for r in rows]).cpu().numpy()
-    return Spread(mean_map, torch.stack([entropy(r) for r in rows]).cpu().numpy(), cap.num_tokens)
+    bias = None if cap.bias is None else cap.bias[:, :, :1]
+    rows = softmax_scores(cap.query[:, :, :1], cap.key, cap.scale, bias)[:, :, 0].double()  # (L, H, N): every layer at once
+    return Spread(entropy(rows.mean(1)).cpu().numpy(), entropy(rows).cpu().numpy(), cap.num_tokens)
 
 
 def entropy(rows: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,6 @@
 token, the stated alternative (the mean attention each patch receives), labelled as such."""
 from __future__ import annotations
 
-import math
-
 import altair as alt
 import pandas as pd
 import streamlit as st
@@ -62,7 +60,7 @@ def show(ctx: Context) -> None:
                 reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens,
                             focused=spread.focused_layer + 1, spread=spread.spread_layer + 1,
                             fe=spread.mean_map[spread.focused_layer], se=spread.mean_map[spread.spread_layer],
-                            max=math.log(cap.num_tokens), layer=ctx.layer + 1, lo=heads.min(), hi=heads.max())
+                            max=spread.max_entropy, layer=ctx.layer + 1, lo=heads.min(), hi=heads.max())
             else:
                 reading = t("families.no_cls_reading_body", p=patches, uniform=1 / patches)
             sentence = norm_sentence(cap, ctx.layer)  # what this capture shows, not what models often do
