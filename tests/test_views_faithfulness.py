@@ -142,3 +142,39 @@ def test_a_rope_model_gets_the_pixel_fills_and_one_sentence():
     assert at.radio(key="faith_fill").options == ["mean-colour fill", "blur fill"]
     said = [c.value for c in at.caption] + [i.value for i in at.info]
     assert sum("token removal and head ablation are not available" in s for s in said) == 2  # both views say so
+
+
+def no_class_token_page():
+    import timm
+    import torch
+    from PIL import Image
+
+    import attnviz
+    from attnviz_app import views
+
+    torch.manual_seed(0)
+    network = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=0, class_token=False,
+        global_pool="avg").eval()
+    model = attnviz.wrap(network, "gap", "random init", 32)
+    picture = Image.new("RGB", (32, 32), (120, 80, 40))
+    cap = attnviz.capture(model, picture)
+    views.registered()["ablation"].show(views.Context(model, cap, picture, 1, "mean", 0.6, "inferno", False, "crop"))
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_without_a_class_token_the_ablation_statistics_say_whose_attention_they_describe(lang):
+    """A ViT without a class token runs the grid too; its statistics are of the attention the patches receive
+    (ablation.head_statistics), and the radio, the grid's caption and its title say so, not "class token"."""
+    from attnviz import i18n
+
+    at = AppTest.from_function(no_class_token_page, default_timeout=60)
+    at.session_state["lang"] = lang
+    at.run()
+    at.button(key="ablation_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    received = [i18n.text(lang, "ablation_page.entropy_received"), i18n.text(lang, "ablation_page.share_received")]
+    assert at.radio(key="ablation_statistic").options == received
+    assert received[0] in [c.value for c in at.caption]
+    cls = i18n.text(lang, "ablation_page.entropy")
+    assert cls not in [c.value for c in at.caption] + at.radio(key="ablation_statistic").options

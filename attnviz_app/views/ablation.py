@@ -110,8 +110,11 @@ def show(ctx: Context) -> None:
             effect_title = t("ablation_page.effect_probability", label=result.target_label)
         else:
             effect_title = t("ablation_page.effect_cosine")
+        # without a class token the statistics describe the attention each patch receives (head_statistics)
+        suffix = "" if cap.has_class_token else "_received"
+        label = lambda s: t(f"ablation_page.{s}{suffix}")  # noqa: E731
         statistic = st.radio(t("ablation_page.statistic"), ["entropy", "share"], key="ablation_statistic",
-                             horizontal=True, format_func=lambda s: t(f"ablation_page.{s}"))
+                             horizontal=True, format_func=label)
         values = result.entropy if statistic == "entropy" else result.top_share
         left, right = st.columns(2)
         with left:
@@ -123,10 +126,10 @@ def show(ctx: Context) -> None:
             download_chart(effect.properties(title=effect_title), "head_ablation_effect", key="ablation_effect")
         with right:
             st.markdown(f"**{t('ablation_page.statistic')}**")
-            st.caption(t(f"ablation_page.{statistic}"))
-            chart = grid_chart(values, t(f"ablation_page.{statistic}"), set(off_keys), False, "blues")
+            st.caption(label(statistic))
+            chart = grid_chart(values, label(statistic), set(off_keys), False, "blues")
             st.altair_chart(chart, width="content")
-            download_chart(chart.properties(title=t(f"ablation_page.{statistic}")), f"head_{statistic}",
+            download_chart(chart.properties(title=label(statistic)), f"head_{statistic}",
                            key="ablation_statistic")
         st.info(correlation_sentence(result, statistic))
 
