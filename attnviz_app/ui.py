@@ -233,7 +233,7 @@ def model_settings() -> Settings:
         t("model.fit"), ["crop", "squash"], format_func=lambda f: t(f"model.fit_{f}"), key="fit",
         help=t("model.fit_help"),
     )
-    devices = ["cpu", "cuda"] if attnviz.models.torch.cuda.is_available() else ["cpu"]
+    devices = ["cuda", "cpu"] if attnviz.models.torch.cuda.is_available() else ["cpu"]  # the GPU first, as load_model
     device = side.selectbox(t("model.device"), devices, key="device") if len(devices) > 1 else "cpu"
     if choice in checkpoints:
         entry = checkpoints[choice]

@@ -132,3 +132,13 @@ def test_how_to_read_says_what_this_capture_does_in_depth(app, real_model, cat):
             f"there is {mean_map[focused]:.2f} and {mean_map[spread]:.2f} nats") in tip, tip
     assert f"ln 197 = {math.log(197):.2f}" in tip
     assert f"in layer 12 their entropies range from {heads.min():.2f} to {heads.max():.2f} nats" in tip, tip
+
+
+def test_where_there_is_a_gpu_the_device_box_offers_it_first(monkeypatch):
+    """As ``load_model`` does, the page puts the model on the GPU unless the visitor picks the CPU."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # this machine has none: only the box is looked at
+    at = AppTest.from_file(str(APP), default_timeout=180).run()
+    box = at.selectbox(key="device")
+    assert box.options == ["cuda", "cpu"] and box.value == "cuda"
