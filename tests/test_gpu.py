@@ -24,6 +24,7 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz import ablation, cli, html, lesson, live, neuron, qkmap, relevance, rollout, stats
+import attnviz_app
 from attnviz_app import views
 from attnviz import faithfulness as fa
 from tests.test_zoo import SMALL_BUILDS
@@ -266,55 +267,72 @@ def test_the_qk_map_and_its_closeness_sentence_on_the_gpu_are_the_cpus(pair):
         assert abs(sa.distance_rho - sb.distance_rho) <= 1e-3 and sa.closeness == sb.closeness, (layer, head)
 
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
-PRESSED = ("faith_run", "ablation_run")  # the two experiments' buttons: pressed, so their results show too
+APP = Path(attnviz_app.__file__).with_name("streamlit_app.py")  # the script `attnviz app` serves
+PRESSED = ("faith_run", "ablation_run", "perturb_run", "lesson_faith_run")  # the experiments' buttons
 TIMING = re.compile(r"\n- \*\*Forward pass with capture:\*\*[^\n]*")  # how long it took: not what it found
 NUMBER = re.compile(r"[-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
-def page_texts(device: str | None) -> dict[str, list[str]]:
-    """The real app on the offline model and the cat photo, every view in turn on ``device`` (None: the page's
-    default): what each says (markdown, captions, notes) and each table's rows, once its experiments have run."""
+def opened(device: str | None, page: str | None = None) -> AppTest:
+    """The real app on the offline model and the cat photo, on ``device`` (None: the page's default), at
+    ``page`` (a script under attnviz_app/, None: Explore)."""
     at = AppTest.from_file(str(APP), default_timeout=600)
     if device is not None:
         at.session_state["device"] = device
-    at.run()
+    (at.switch_page(page) if page else at).run()
     assert not at.exception, [e.value for e in at.exception]
     if torch.cuda.is_available():  # the Device box is drawn only where there is a GPU
         assert at.selectbox(key="device").value == (device or "cuda")
-    said = {}
+    return at
+
+
+def said(at: AppTest) -> list[str]:
+    """What the page says once its experiments have run: markdown, captions, notes, and each table's rows."""
+    for key in PRESSED:
+        if any(b.key == key for b in at.button):
+            at.button(key=key).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    main = at.main
+    words = [TIMING.sub("", e.value) for kind in (main.markdown, main.caption, main.info, main.success, main.warning)
+             for e in kind]
+    for table in main.dataframe:  # rows in the order of their words: two maps of equal area may swap ranks
+        rows = [" | ".join(map(str, row)) for row in table.value.to_numpy().tolist()]
+        words += sorted(rows, key=lambda row: NUMBER.sub("#", row))
+    return words
+
+
+def page_texts(device: str | None) -> dict[str, list[str]]:
+    """What every view of the Explore page says on ``device``, and the lesson."""
+    at = opened(device)
+    texts = {}
     for view in views.registered():
         at.selectbox(key="view").set_value(view).run()
-        for key in PRESSED:
-            if any(b.key == key for b in at.button):
-                at.button(key=key).click().run()
-        assert not at.exception, (device, view, [e.value for e in at.exception])
-        assert not at.error, (device, view, [e.value for e in at.error])
-        main = at.main
-        said[view] = [TIMING.sub("", e.value) for kind in (main.markdown, main.caption, main.info, main.success,
-                                                           main.warning) for e in kind]
-        for table in main.dataframe:  # rows in the order of their words: two maps of equal area may swap ranks
-            rows = [" | ".join(map(str, row)) for row in table.value.to_numpy().tolist()]
-            said[view] += sorted(rows, key=lambda row: NUMBER.sub("#", row))
-    return said
+        texts[view] = said(at)
+    texts["lesson"] = said(opened(device, "screens/lesson.py"))
+    return texts
 
 
 def same_but_rounding(a: str, b: str) -> bool:
     """The same words, and numbers equal up to one unit of the last digit shown (the two devices sum in another
-    order, so a number may round the other way); error sizes below 1e-6 (e.g. "difference 6.3e-10") all agree."""
+    order, so a number may round the other way), or to 1e-4 of their size where more than six decimals are shown;
+    error sizes below 1e-6 (e.g. "difference 6.3e-10") all agree."""
     if NUMBER.sub("#", a) != NUMBER.sub("#", b):
         return False
     for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)):
         u, v = (float(n.replace(",", "").replace("−", "-")) for n in (x, y))
         digits = len(x.split("e")[0].partition(".")[2])
-        if x != y and abs(u - v) > 1.01 * 10.0 ** -digits and max(abs(u), abs(v)) >= 1e-6:
+        allowed = 1.01 * 10.0 ** -digits
+        if digits > 6:  # a float shown whole (a table of q and k): float32 sums agree to 1e-4 of its size
+            allowed = 1e-4 * max(1.0, abs(u), abs(v))
+        if x != y and abs(u - v) > allowed and max(abs(u), abs(v)) >= 1e-6:
             return False
     return True
 
 
-def test_every_view_of_the_page_says_on_the_gpu_what_it_says_on_the_cpu():
-    """The app's default device is the GPU where there is one: every view runs there (no traceback, no error), and
-    each sentence, number and table row it shows is the one the CPU's page shows."""
+def test_every_view_and_the_lesson_say_on_the_gpu_what_they_say_on_the_cpu():
+    """The app's default device is the GPU where there is one: every view and the lesson run there (no traceback,
+    no error), and each sentence, number and table row they show is the one the CPU's page shows."""
     on_gpu = page_texts(None if GPU == "cuda" else GPU)
     on_cpu = page_texts("cpu")
     assert list(on_gpu) == list(on_cpu) and sum(map(len, on_cpu.values())) > 60
@@ -331,3 +349,5 @@ def test_same_but_rounding_tells_words_and_numbers_apart():
     assert same_but_rounding("difference 6.3e-10", "difference 2.1e-9")
     assert not same_but_rounding("38,809 pairs", "38,811 pairs")
     assert same_but_rounding("q · k 77.9863", "q · k 77.9864")
+    assert same_but_rounding("4.530472755432129 | -0.61", "4.530471324920654 | -0.61")
+    assert not same_but_rounding("4.530472755432129 | -0.61", "4.531472755432129 | -0.61")
