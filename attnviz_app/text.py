@@ -9,3 +9,10 @@ from attnviz import i18n
 def t(key: str, **values: object) -> str:
     """Translate ``key`` into the language this browser session chose."""
     return i18n.text(st.session_state.get("lang") or i18n.DEFAULT, key, **values)
+
+
+def device_label(device: object) -> str:
+    """"CPU" or "GPU (cuda:0)": what a student reads instead of PyTorch's device name."""
+    name = str(device)
+    kind = name.split(":")[0]
+    return t("model.device_cuda", device=name) if kind == "cuda" else t("model.device_cpu") if kind == "cpu" else name

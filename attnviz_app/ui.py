@@ -25,7 +25,7 @@ from attnviz.images import KIND_IDS, CheckedImage, ImageError
 from . import tuning
 from .priority import priority
 from .settings import Settings
-from .text import t
+from .text import device_label, t
 
 DEFAULT_SIZES = (196, 224, 448, 518)
 NATIVE = 0  # the Size box's "the model's own size": a select box shows None as no choice ("Choose an option")
@@ -234,7 +234,8 @@ def model_settings() -> Settings:
         help=t("model.fit_help"),
     )
     devices = ["cuda", "cpu"] if attnviz.models.torch.cuda.is_available() else ["cpu"]  # the GPU first, as load_model
-    device = side.selectbox(t("model.device"), devices, key="device") if len(devices) > 1 else "cpu"
+    device = side.selectbox(t("model.device"), devices, key="device", format_func=device_label,
+                            help=t("model.device_help")) if len(devices) > 1 else "cpu"
     if choice in checkpoints:
         entry = checkpoints[choice]
         try:  # never read through a file the budget will refuse (a 7B checkpoint is 28 GB)

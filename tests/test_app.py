@@ -141,4 +141,4 @@ def test_where_there_is_a_gpu_the_device_box_offers_it_first(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # this machine has none: only the box is looked at
     at = AppTest.from_file(str(APP), default_timeout=180).run()
     box = at.selectbox(key="device")
-    assert box.options == ["cuda", "cpu"] and box.value == "cuda"
+    assert box.options == ["GPU (cuda)", "CPU"] and box.value == "cuda"  # what a student reads, what the page uses

@@ -61,7 +61,7 @@ def test_a_named_runtime_that_is_not_installed_stays_on_pytorch_with_one_log_lin
 @pytest.mark.parametrize("runtime, said", [
     ("openvino", "OpenVINO (checked at load: its q and k equal PyTorch's within 1e-5)"),
     ("onnxruntime", "ONNX Runtime (checked at load: its q and k equal PyTorch's within 1e-5)"),
-    ("pytorch", "on cpu, PyTorch\n"),
+    ("pytorch", "on CPU, PyTorch\n"),
 ])
 def test_the_page_captures_on_the_owners_runtime_and_says_so(runtime, said, monkeypatch, tmp_path):
     from attnviz_app import ui

@@ -8,7 +8,7 @@ import streamlit as st
 from PIL import Image
 
 from attnviz import offline, render, runtimes, stats
-from ..text import t
+from ..text import device_label, t
 
 from .base import ALL, Context, View, register
 from .common import download_figure, download_png, enlarge, head_label, heatmap
@@ -94,7 +94,7 @@ def facts(ctx: Context) -> None:
         "facts.body", name=model.public_name, provenance=provenance, size=model.size, h=h, w=w,
         prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
         heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
-        device=str(model.device), engine=engine(model),
+        device=device_label(model.device), engine=engine(model),
     ))
     top = model.top_classes(cap.output)
     if not top:
