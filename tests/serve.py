@@ -176,6 +176,23 @@ def pick(page, key: str, label: str, exact: bool = False) -> None:
     settle(page)
 
 
+def download(page, button, timeout: float = 60_000):
+    """Click ``button`` (a Playwright locator) and return the Download it starts. The page is quiet first: a
+    click during a re-run can land on a button that is being replaced and start nothing, so a click that
+    starts no download within 20 s is made again (twice at most); the last waits ``timeout`` ms."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):
+        quiet(page)
+        try:
+            with page.expect_download(timeout=20_000 if attempt < 2 else timeout) as info:
+                button.click()
+            return info.value
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+
+
 SHOWN = {  # what a view's result shows once it is drawn, besides its picture
     "query": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",
     "heads": ".st-key-result [data-stale='false'] [data-testid='stVegaLiteChart']",

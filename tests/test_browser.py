@@ -12,7 +12,7 @@ import attnviz
 from attnviz import render
 from attnviz.images import open_image
 from conftest import ASSETS, ROOT
-from serve import choose_option, chromium, require_chromium, streamlit_server
+from serve import choose_option, chromium, download, require_chromium, streamlit_server
 
 SHOTS = ROOT / "screenshots"
 HEATMAP = "[data-testid='stImage'] img"
@@ -76,11 +76,9 @@ def test_upload_then_switch_layer_and_head(server, real_model):
         page.get_by_text("Layer 8, head 3: where the class token looks").wait_for()
 
         # The download button hands over exactly the picture on the page (encoded only on the click)
-        with page.expect_download() as info:
-            page.get_by_role("button", name="Download this picture (PNG)").click()
-        download = info.value
-        assert download.suggested_filename == "attention_layer8_head3.png"
-        got = np.asarray(Image.open(io.BytesIO(Path(download.path()).read_bytes())).convert("RGB"), dtype=np.int16)
+        saved = download(page, page.get_by_role("button", name="Download this picture (PNG)"))
+        assert saved.suggested_filename == "attention_layer8_head3.png"
+        got = np.asarray(Image.open(io.BytesIO(Path(saved.path()).read_bytes())).convert("RGB"), dtype=np.int16)
         image = open_image((ASSETS / "rocket.jpg").read_bytes()).image
         cap = attnviz.capture(real_model, image)
         want = render.enlarge(render.overlay(real_model.view(image), cap.cls_map(7, 2)), 448)

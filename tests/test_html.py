@@ -14,7 +14,7 @@ from PIL import Image
 import attnviz
 from attnviz import cli, html, render, sweep
 from conftest import ASSETS, tiny_vit
-from serve import chromium, chromium_path, require_chromium
+from serve import chromium, chromium_path, download, require_chromium
 
 LIMIT_196 = 5_000_000  # bytes: the page at 196 px (issue #12)
 
@@ -234,10 +234,9 @@ def test_page_downloads_the_interactive_page_and_the_sweep(browser, tmp_path, re
         page.goto(url)
         button = page.get_by_role("button", name="Download interactive page (HTML)")
         button.wait_for(timeout=120_000)
-        with page.expect_download(timeout=60_000) as got:
-            button.click()
-        saved = tmp_path / got.value.suggested_filename
-        got.value.save_as(saved)
+        got = download(page, button)
+        saved = tmp_path / got.suggested_filename
+        got.save_as(saved)
         assert saved.name == "attention_196px.html"
         text = saved.read_text(encoding="utf-8")
         assert text.startswith("<!doctype html>") and '<html lang="en">' in text and len(text.encode()) <= LIMIT_196
@@ -246,9 +245,8 @@ def test_page_downloads_the_interactive_page_and_the_sweep(browser, tmp_path, re
         src = re.search(r'id="photo" alt="" hidden src="data:image/png;base64,([^"]+)"', text).group(1)
         embedded = np.asarray(Image.open(io.BytesIO(base64.b64decode(src))).convert("RGB")).astype(int)
         assert np.abs(embedded - np.asarray(real_model.view(Image.open(ASSETS / "cat.jpg")))).mean() < 3
-        with page.expect_download(timeout=60_000) as got:
-            page.get_by_role("button", name="Download the layer sweep (GIF)").click()
-        gif = Image.open(got.value.path())
+        got = download(page, page.get_by_role("button", name="Download the layer sweep (GIF)"))
+        gif = Image.open(got.path())
         assert gif.n_frames == real_cap.num_layers
 
 

@@ -11,7 +11,7 @@ import pytest
 av = pytest.importorskip("av")
 
 from conftest import ROOT
-from serve import SCREENS, chromium, open_page, pick, require_chromium, streamlit_server
+from serve import SCREENS, chromium, download, open_page, pick, require_chromium, streamlit_server
 from video_fixtures import write_clip
 
 SHOTS = ROOT / "screenshots"
@@ -70,10 +70,8 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         for _ in range(6):
             page.keyboard.press("ArrowRight")
         page.get_by_text("7 / 12" if lang == "zh-TW" else "Frame 7 of 12", exact=False).wait_for(timeout=60_000)
-        with page.expect_download() as info:
-            page.get_by_text(words["download"]).click()
         mp4 = tmp_path / "result.mp4"
-        info.value.save_as(mp4)
+        download(page, page.get_by_text(words["download"])).save_as(mp4)
         with av.open(str(mp4)) as c:
             assert c.streams.video[0].frames == 12 and "phone.mov" in c.metadata["comment"]
         if lang == "zh-TW":
@@ -89,10 +87,8 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         page.get_by_text(words["frozen"], exact=False).wait_for(timeout=120_000)
         page.get_by_text(words["title"]).wait_for(timeout=180_000)
         assert page.locator("[data-testid='stException']").count() == 0
-        with page.expect_download() as info:
-            page.get_by_role("button", name=words["svg"]).click()
         svg = tmp_path / "map.svg"
-        info.value.save_as(svg)
+        download(page, page.get_by_role("button", name=words["svg"])).save_as(svg)
         root = ET.parse(svg).getroot()
         groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if (g.get("id") or "").startswith("heatmap-")]
         assert len(groups) == 1 and len(list(groups[0].iter("{http://www.w3.org/2000/svg}path"))) == 14 * 14
