@@ -12,7 +12,7 @@ def t(key: str, **values: object) -> str:
 
 
 def device_label(device: object) -> str:
-    """"CPU" or "GPU (cuda:0)": what a student reads instead of PyTorch's device name."""
+    """What a student reads for a PyTorch device: "CPU", or "GPU (cuda:0)" (its name otherwise)."""
     name = str(device)
     kind = name.split(":")[0]
     return t("model.device_cuda", device=name) if kind == "cuda" else t("model.device_cpu") if kind == "cpu" else name
