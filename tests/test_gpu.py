@@ -14,7 +14,6 @@ import gzip
 import json
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +23,9 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz import ablation, cli, html, lesson, live, neuron, qkmap, relevance, rollout, stats
-import attnviz_app
 from attnviz_app import views
 from attnviz import faithfulness as fa
+from conftest import APP
 from tests.test_zoo import SMALL_BUILDS
 from tests.zoo import TOLERANCE, walk_one
 
@@ -123,6 +122,9 @@ def test_the_ablation_grid_on_the_gpu_is_the_cpus(pair):
     assert on_gpu.effect.shape == (12, 6)
     assert close(on_gpu.effect, on_cpu.effect) <= 1e-4
     assert float(on_cpu.effect.max()) > 1e-3  # some head matters: the comparison is not of zeros
+    for statistic in ("entropy", "share"):  # the page's sentence follows the sign of ρ (HeadAblation.tendency)
+        assert on_gpu.tendency(statistic) == on_cpu.tendency(statistic), statistic
+    assert abs(on_gpu.share_correlation - on_cpu.share_correlation) <= 1e-3
     off = [(2, 1), (7, 4)]
     a, b = ablation.ablated_capture(gpu, g, off), ablation.ablated_capture(cpu, c, off)
     assert close(a.all_weights(), b.all_weights()) <= 1e-5
@@ -245,15 +247,11 @@ def test_the_depth_tip_on_the_gpu_is_the_cpus(pair):
     assert named[0] == named[1]
 
 
-def test_the_ablation_grids_statistics_and_sentence_on_the_gpu_are_the_cpus(pair):
-    """``ablation.head_statistics`` and the sign-following sentence (``HeadAblation.tendency``)."""
-    cpu, gpu, c, g = pair
+def test_the_ablation_grids_statistics_on_the_gpu_are_the_cpus(pair):
+    """``ablation.head_statistics``: the grid beside the effects (its sentence: the grid test above)."""
+    _cpu, _gpu, c, g = pair
     for a, b in zip(ablation.head_statistics(g), ablation.head_statistics(c)):
         assert a.shape == (12, 6) and close(a, b) <= 1e-5
-    on_cpu, on_gpu = ablation.head_ablation(cpu, c), ablation.head_ablation(gpu, g)
-    for statistic in ("entropy", "share"):
-        assert on_gpu.tendency(statistic) == on_cpu.tendency(statistic), statistic
-    assert abs(on_gpu.share_correlation - on_cpu.share_correlation) <= 1e-3
 
 
 def test_the_qk_map_and_its_closeness_sentence_on_the_gpu_are_the_cpus(pair):
@@ -267,7 +265,6 @@ def test_the_qk_map_and_its_closeness_sentence_on_the_gpu_are_the_cpus(pair):
         assert abs(sa.distance_rho - sb.distance_rho) <= 1e-3 and sa.closeness == sb.closeness, (layer, head)
 
 
-APP = Path(attnviz_app.__file__).with_name("streamlit_app.py")  # the script `attnviz app` serves
 PRESSED = ("faith_run", "ablation_run", "perturb_run", "lesson_faith_run")  # the experiments' buttons
 TIMING = re.compile(r"\n- \*\*Forward pass with capture:\*\*[^\n]*")  # how long it took: not what it found
 NUMBER = re.compile(r"[-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
