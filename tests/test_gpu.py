@@ -27,6 +27,7 @@ from attnviz_app import views
 from attnviz import faithfulness as fa
 from conftest import APP
 from tests.test_zoo import SMALL_BUILDS
+from tests.rounding import NUMBER, same_but_rounding
 from tests.zoo import TOLERANCE, walk_one
 
 # ATTNVIZ_TEST_GPU=cpu runs these on the CPU against itself: a dry run of the tests' own logic, nothing more.
@@ -267,7 +268,6 @@ def test_the_qk_map_and_its_closeness_sentence_on_the_gpu_are_the_cpus(pair):
 
 PRESSED = ("faith_run", "ablation_run", "perturb_run", "lesson_faith_run")  # the experiments' buttons
 TIMING = re.compile(r"\n- \*\*Forward pass with capture:\*\*[^\n]*")  # how long it took: not what it found
-NUMBER = re.compile(r"[-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 def opened(device: str | None, page: str | None = None) -> AppTest:
@@ -310,23 +310,6 @@ def page_texts(device: str | None) -> dict[str, list[str]]:
     return texts
 
 
-def same_but_rounding(a: str, b: str) -> bool:
-    """The same words, and numbers equal up to one unit of the last digit shown (the two devices sum in another
-    order, so a number may round the other way), or to 1e-4 of their size where more than six decimals are shown;
-    error sizes below 1e-6 (e.g. "difference 6.3e-10") all agree."""
-    if NUMBER.sub("#", a) != NUMBER.sub("#", b):
-        return False
-    for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)):
-        u, v = (float(n.replace(",", "").replace("−", "-")) for n in (x, y))
-        digits = len(x.split("e")[0].partition(".")[2])
-        allowed = 1.01 * 10.0 ** -digits
-        if digits > 6:  # a float shown whole (a table of q and k): float32 sums agree to 1e-4 of its size
-            allowed = 1e-4 * max(1.0, abs(u), abs(v))
-        if x != y and abs(u - v) > allowed and max(abs(u), abs(v)) >= 1e-6:
-            return False
-    return True
-
-
 def test_every_view_and_the_lesson_say_on_the_gpu_what_they_say_on_the_cpu():
     """The app's default device is the GPU where there is one: every view and the lesson run there (no traceback,
     no error), and each sentence, number and table row they show is the one the CPU's page shows."""
@@ -337,14 +320,3 @@ def test_every_view_and_the_lesson_say_on_the_gpu_what_they_say_on_the_cpu():
               for view in on_cpu}
     differ = {v: d for v, d in differ.items() if d or len(on_gpu[v]) != len(on_cpu[v])}
     assert not differ, json.dumps(differ, ensure_ascii=False, indent=1)[:6000]
-
-
-def test_same_but_rounding_tells_words_and_numbers_apart():
-    assert same_but_rounding("the deletion area is 0.61 for layer 12", "the deletion area is 0.62 for layer 12")
-    assert not same_but_rounding("the deletion area is 0.61 for layer 12", "the deletion area is 0.63 for layer 12")
-    assert not same_but_rounding("says little (|ρ| < 0.3)", "tend to matter less (|ρ| < 0.3)")
-    assert same_but_rounding("difference 6.3e-10", "difference 2.1e-9")
-    assert not same_but_rounding("38,809 pairs", "38,811 pairs")
-    assert same_but_rounding("q · k 77.9863", "q · k 77.9864")
-    assert same_but_rounding("4.530472755432129 | -0.61", "4.530471324920654 | -0.61")
-    assert not same_but_rounding("4.530472755432129 | -0.61", "4.531472755432129 | -0.61")
