@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, qk_cli, render, video_cli
-from .command import UsageError, load_model_from, model_arguments, run_command
+from .command import UsageError, check_device, load_model_from, model_arguments, run_command
 from .images import ImageError
 from .photos import load_photo
 
@@ -119,28 +119,6 @@ def check_inputs_kept(planned: list[tuple[str, str]], out: Path, args: argparse.
             if clash is not None:
                 raise UsageError(f"{name}'s {what} would overwrite the input {clash} ({target}); nothing was "
                                  "exported, so choose another --out folder or rename that file.")
-
-
-def check_device(device: str | None) -> str | None:
-    """``--device`` as torch will take it, or a one-line reason it cannot work here."""
-    import torch
-
-    if device is None:
-        return None
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"--device must be cpu or cuda (or cuda:N), not {device!r}.") from None
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise UsageError(
-                f"--device {device} asks for a GPU, but PyTorch sees none on this machine; use --device cpu.")
-        if parsed.index is not None and parsed.index >= count:
-            raise UsageError(f"--device {device} asks for GPU {parsed.index}, but PyTorch sees only {count}.")
-    elif parsed.type != "cpu":
-        raise UsageError(f"--device must be cpu or cuda (or cuda:N), not {device!r}.")
-    return device
 
 
 def output_folder(name: str, create: bool = True) -> Path:

@@ -31,9 +31,32 @@ def model_arguments(parser: argparse.ArgumentParser, fit_help: str = FIT_HELP, d
         parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
 
 
+def check_device(device: str | None) -> str | None:
+    """``--device`` as torch will take it, or a one-line reason it cannot work here."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device must be cpu or cuda (or cuda:N), not {device!r}.") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(
+                f"--device {device} asks for a GPU, but PyTorch sees none on this machine; use --device cpu.")
+        if parsed.index is not None and parsed.index >= count:
+            raise UsageError(f"--device {device} asks for GPU {parsed.index}, but PyTorch sees only {count}.")
+    elif parsed.type != "cpu":
+        raise UsageError(f"--device must be cpu or cuda (or cuda:N), not {device!r}.")
+    return device
+
+
 def load_model_from(args: argparse.Namespace, consequence: str = "") -> models.Model:
     """The model that :func:`model_arguments`' options in ``args`` name; one that cannot load is a
     :class:`UsageError`, the model's sentence followed by ``consequence`` (e.g. "Nothing was written.")."""
+    check_device(getattr(args, "device", None))
     try:
         return models.load_model(args.model, args.size, checkpoint=args.checkpoint, device=getattr(args, "device", None))
     except ModelError as e:

@@ -28,21 +28,6 @@ from .command import UsageError, load_model_from, model_arguments, say
 from .errors import FaithfulnessError, ImageError
 
 
-def check_device(device: str | None) -> str | None:
-    """``--device`` as given, or a UsageError when torch does not know it or it asks for CUDA where there is none."""
-    import torch
-
-    if device is None:
-        return None
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"--device must be cpu or cuda (or cuda:N), not {device!r}.") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: this computer has no CUDA device; use --device cpu.")
-    return device
-
-
 def finite(value: float) -> float | None:
     return None if math.isnan(value) else value
 
@@ -77,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--json {args.json_out} is the photo itself; name another file.")
     if out.is_dir():
         raise UsageError(f"--json {args.json_out} is a folder; name a file.")
-    check_device(args.device)
     model = load_model_from(args, "Nothing was written.")
     try:
         start = time.perf_counter()

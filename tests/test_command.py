@@ -67,3 +67,24 @@ def test_ctrl_c_while_a_sub_command_loads_its_model_is_one_line(argv, tmp_path, 
     assert cli.main(argv) == 130
     assert capsys.readouterr().err == "interrupted: nothing was written.\n"
     assert list(tmp_path.iterdir()) == []
+
+
+DEVICE_COMMANDS = [["export", "photo.jpg", "--out", "o"], ["figure", "photo.jpg", "--out", "figure.svg"],
+                   ["video", "clip.mp4", "--out", "out.mp4"], ["faithfulness", "photo.jpg", "--json", "out.json"]]
+
+
+@pytest.mark.parametrize("argv", DEVICE_COMMANDS, ids=lambda argv: argv[0])
+@pytest.mark.parametrize("device, said", [
+    ("cuda:1", "--device cuda:1 asks for a GPU, but PyTorch sees none on this machine; use --device cpu."),
+    ("gpu", "--device must be cpu or cuda (or cuda:N), not 'gpu'."),
+])
+def test_every_command_refuses_an_impossible_device_in_the_same_words_before_loading(
+        argv, device, said, tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine with no GPU, wherever it runs
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded for an impossible device"))
+    assert cli.main([*argv, "--device", device]) == 2
+    assert capsys.readouterr().err == f"error: {said}\n"
+    assert list(tmp_path.iterdir()) == []
