@@ -36,7 +36,7 @@ def toy_views(monkeypatch):
 
 def test_every_built_in_view_is_found_in_order():
     assert list(views.registered()) == ["cls", "query", "matrix", "heads", "rollout", "mask", "stats", "relevance",
-                                        "norms", "faithfulness", "ablation", "qkmap", "neuron"]
+                                        "norms", "qkmap", "faithfulness", "ablation", "neuron"]
     assert all(view.show.__module__ == f"attnviz_app.views.{name}" for name, view in views.registered().items())
 
 

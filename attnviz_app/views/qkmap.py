@@ -244,4 +244,4 @@ def _atlas(cap):
     return at, qkmap.atlas_picture(at)
 
 
-register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=95))
+register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=91))
