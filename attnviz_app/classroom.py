@@ -11,6 +11,7 @@ import os
 
 import streamlit as st
 
+from . import links
 from .text import t
 
 PRESENT_KEY = "present"  # session key of the toggle and name of the URL parameter (?present=1)
@@ -165,9 +166,10 @@ def qr_png(url: str) -> bytes:
     return buffer.getvalue()
 
 
-def join_box() -> None:
-    """The address of this page on the room's network and its QR code, for students' phones."""
+def join_box(linked: dict[str, str]) -> None:
+    """The address of this page on the room's network, and a QR code that opens it on the view shown
+    (``linked``, :func:`attnviz_app.links.choices`), for students' phones."""
     url = join_url()
     with st.container(key="join"):
         st.markdown(t("classroom.join", url=url))
-        st.image(qr_png(url), width=120)
+        st.image(qr_png(links.link(url, linked)), width=120)

@@ -14,11 +14,12 @@ PAGES = Path(__file__).with_name("screens")
 def main() -> None:
     st.set_page_config(page_title="attnviz", page_icon="👁", layout="wide")
     with startup.importing():  # torch, timm and the model's code: ~5 s on the server's first run
-        from . import tuning, ui
+        from . import links, tuning, ui
         from .text import t
 
         tuning.serve()  # once per process, whatever started the server (attnviz_app/tuning.py)
 
+    links.restore()  # a link's choices (?view=…&layer=…), on the session's first run
     ui.keep_choices()
     ui.language_picker()
     page = st.navigation([

@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import render
 from attnviz.capture import HEAD_FUSIONS
-from attnviz_app import classroom, sources, ui, views
+from attnviz_app import classroom, links, sources, ui, views
 from attnviz_app.text import t
 
 VIEWS = views.registered()
@@ -110,6 +110,9 @@ def page() -> None:
         )
         if not used & {views.LAYER, views.HEAD}:
             st.caption(t("classroom.no_layer_head"))
+    linked = links.choices(chosen, layer, head, st.session_state.get("sample") if st.session_state.get("source") == "sample"
+                           else None, st.session_state["lang"])
+    links.publish(linked)
 
     with result, st.container(key="result"):
         VIEWS[chosen].show(views.Context(
@@ -121,7 +124,7 @@ def page() -> None:
 
     if present:
         with panel:
-            classroom.join_box()
+            classroom.join_box(linked)
 
 
 page()

@@ -1,0 +1,65 @@
+"""The Explore page's choices in its address, so that a link opens what is on the screen.
+
+``/?view=query&layer=3&head=2&photo=dog&lang=zh-TW``: a session's first run takes these choices from the
+address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
+presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
+as on the page; ``head`` is also ``mean``, ``max`` or ``min``. Uploads never travel: only the sample photos
+have names. A value the page does not offer is left out, and the page opens on its own default there.
+"""
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import streamlit as st
+
+import attnviz
+from attnviz import i18n
+from attnviz.softmax import HEAD_FUSIONS
+
+LINKED = ("view", "layer", "head", "photo", "lang")  # the address's names, in the order a link writes them
+_RESTORED = "_links_restored"
+
+
+def restore() -> None:
+    """Once per session, before any widget is drawn: the choices the address names, where the page offers them.
+    Layer and head are checked against the model on the Explore page, which falls back to its defaults."""
+    if st.session_state.get(_RESTORED):
+        return
+    st.session_state[_RESTORED] = True
+    asked = st.query_params
+    if asked.get("lang") in i18n.LANGUAGES:
+        st.session_state["lang"] = asked["lang"]
+    if asked.get("photo") in attnviz.photos.SAMPLES:
+        st.session_state["source"], st.session_state["sample"] = "sample", asked["photo"]
+    layer = asked.get("layer", "")
+    if layer.isdecimal() and 1 <= int(layer) <= 999:
+        st.session_state["layer"] = int(layer)
+    head = asked.get("head", "")
+    if head in HEAD_FUSIONS or (head.isdecimal() and 1 <= int(head) <= 999):
+        st.session_state["head"] = head if head in HEAD_FUSIONS else int(head)
+    if "view" in asked:
+        from . import views  # the registry imports every view: only when a link names one
+
+        if asked["view"] in views.registered():
+            st.session_state["view"] = asked["view"]
+
+
+def choices(view: str, layer: int, head: str | int, photo: str | None, lang: str) -> dict[str, str]:
+    """The address's values for what is shown; ``photo`` is a sample's name, or None for anything else."""
+    said = {"view": view, "layer": str(layer), "head": str(head), "photo": photo, "lang": lang}
+    return {name: said[name] for name in LINKED if said[name] is not None}
+
+
+def publish(linked: dict[str, str]) -> None:
+    """Write ``linked`` (from :func:`choices`) into the address, leaving its other parameters (``present``)."""
+    params = st.query_params
+    for name in LINKED:
+        if name not in linked:
+            params.pop(name, None)
+        elif params.get(name) != linked[name]:
+            params[name] = linked[name]
+
+
+def link(base: str, linked: dict[str, str]) -> str:
+    """``base`` (a server's address) opening on ``linked``."""
+    return f"{base.rstrip('/')}/?{urlencode(linked)}" if linked else base

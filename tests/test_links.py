@@ -1,0 +1,80 @@
+"""A link to the Explore page opens what it names, the address follows the page, and the presenter view's QR
+code opens the view on the projector (attnviz_app/links.py), through AppTest on the real page."""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from attnviz import i18n
+from attnviz.photos import sample
+from attnviz_app import classroom
+from conftest import APP
+
+
+def opened(**params: str) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.query_params.update(params)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def headings(at: AppTest) -> str:
+    return " ".join(h.value for h in at.subheader) + " " + " ".join(m.value for m in at.markdown)
+
+
+def test_a_link_opens_the_view_layer_head_photo_and_language_it_names():
+    at = opened(view="query", layer="3", head="2", photo="coffee", lang="zh-TW")
+    assert at.selectbox(key="view").value == "query"
+    assert at.slider(key="layer").value == 3 and at.selectbox(key="head").value == 2
+    assert at.selectbox(key="sample").value == "coffee" and at.selectbox(key="lang").value == "zh-TW"
+    assert i18n.text("zh-TW", "views.query") in at.selectbox(key="view").options  # the page speaks Chinese
+    # the view drawn is layer 3, head 2 of the coffee photo
+    title = i18n.text("zh-TW", "analysis.query.title", layer=3, head=i18n.text("zh-TW", "view.head_n", n=2), token="{token}")
+    assert any(h.value.startswith(title.partition("{token}")[0]) for h in at.subheader), [h.value for h in at.subheader]
+    assert any(i18n.text("zh-TW", "samples.coffee") in c.value for c in at.caption) or \
+        at.selectbox(key="sample").value == "coffee"
+    assert at.query_params == {"view": "query", "layer": "3", "head": "2", "photo": "coffee", "lang": "zh-TW"}
+
+
+def test_the_address_follows_the_page():
+    at = opened()
+    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+    at.slider(key="layer").set_value(5).run()
+    at.selectbox(key="head").set_value("max").run()
+    at.selectbox(key="view").set_value("heads").run()
+    assert at.query_params == {"view": "heads", "layer": "5", "head": "max", "photo": "cat", "lang": "en"}
+    # a link's choices are read once: a later run takes the widgets' values, not the address's
+    at.query_params["layer"] = "2"
+    at.run()
+    assert at.slider(key="layer").value == 5 and at.query_params["layer"] == "5"
+    # an upload has no name to link: the photo leaves the address once the page shows the upload
+    at.radio(key="source").set_value("upload").run()
+    at.file_uploader(key="upload").set_value(("cup.jpg", sample("coffee").read_bytes(), "image/jpeg")).run()
+    assert not at.exception and at.slider(key="layer").value == 5
+    assert at.query_params == {"view": "heads", "layer": "5", "head": "max", "lang": "en"}
+
+
+@pytest.mark.parametrize("params", [
+    {"layer": "99", "head": "7", "view": "nope", "photo": "../../etc/passwd", "lang": "xx"},
+    {"layer": "0", "head": "-1", "view": "", "photo": "", "lang": ""},
+    {"layer": "3.5", "head": "mean; drop", "view": "cls' or 1=1"},
+])
+def test_values_the_page_does_not_offer_are_left_out(params):
+    at = opened(**params)
+    assert at.selectbox(key="view").value == "cls" and at.slider(key="layer").value == 12
+    assert at.selectbox(key="head").value == "mean" and at.selectbox(key="sample").value == "cat"
+    assert at.selectbox(key="lang").value == "en"
+    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+
+
+def test_the_presenter_views_qr_code_opens_the_view_on_the_projector(monkeypatch):
+    encoded = []
+    real = classroom.qr_png
+    monkeypatch.setattr(classroom, "qr_png", lambda url: encoded.append(url) or real(url))
+    monkeypatch.setenv("ATTNVIZ_JOIN_URL", "http://attnviz.school")
+    at = opened(present="1", view="rollout", photo="rocket")
+    assert any("`http://attnviz.school`" in m.value for m in at.markdown)  # the address to type stays short
+    assert encoded[-1] == "http://attnviz.school/?view=rollout&layer=12&head=mean&photo=rocket&lang=en"
+    assert at.query_params["present"] == "1"  # the address keeps the presenter view; the QR code does not
