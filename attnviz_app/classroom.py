@@ -172,4 +172,6 @@ def join_box(linked: dict[str, str]) -> None:
     url = join_url()
     with st.container(key="join"):
         st.markdown(t("classroom.join", url=url))
+        # 41 × 41 modules for a link with the view's choices (29 × 29 for the address alone): on a 2.5 m wide
+        # projection the code is still ~23 cm across, each module ~5 mm
         st.image(qr_png(links.link(url, linked)), width=120)

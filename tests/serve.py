@@ -210,7 +210,12 @@ MEASURE = """() => {
     p => p.closest('[data-stale="true"]') === null) : [];  // not what the previous run left
   const big = all.map(p => p.getBoundingClientRect()).filter(r => r.height > 120).sort((a, b) => b.height - a.height);
   const main = document.querySelector('[data-testid="stMain"]');
-  return {vw: window.innerWidth, vh: window.innerHeight, page: document.documentElement.scrollWidth,
+  // charts drawn wider than their box: the page's CSS lets the box scroll sideways, so their right part is cut off
+  const clipped = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(chart => {
+    const drawn = chart.querySelector('canvas, svg.marks');
+    return drawn ? [Math.round(chart.getBoundingClientRect().width), Math.round(drawn.getBoundingClientRect().width)] : null;
+  }).filter(sizes => sizes && sizes[1] > sizes[0] + 1);
+  return {vw: window.innerWidth, vh: window.innerHeight, page: document.documentElement.scrollWidth, clipped,
           main: main ? main.scrollWidth : 0, heat: big.length ? {top: big[0].top, bottom: big[0].bottom,
           left: big[0].left, right: big[0].right, height: big[0].height} : null};
 }"""

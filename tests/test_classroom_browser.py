@@ -30,6 +30,7 @@ def assert_fits(page, where: str, whole_heatmap: bool = True) -> dict:
             pass  # the assertions below say what is wrong
     got = page.evaluate(MEASURE)
     assert got["page"] == got["vw"] and got["main"] <= got["vw"], (where, got)  # nothing wider than the screen
+    assert not got["clipped"], (where, got["clipped"])  # (box, drawing) widths of charts cut off at the right
     heat = got["heat"]
     if whole_heatmap:
         assert heat is not None, (where, got)
@@ -46,6 +47,9 @@ def every_view_fits(page, where: str, shots: str) -> None:
         choose_view(page, label, key)
         assert page.locator("[data-testid='stException']").count() == 0, key
         assert_fits(page, f"{where}, {key}", whole_heatmap=key not in NO_PICTURE)
+        if key == "rollout" and where == "phone":  # one column: the rollout, which the title names, comes first
+            first = page.locator(".st-key-result [data-testid='stImageCaption']").first.inner_text()
+            assert first.startswith("Where the information in the class token comes from"), first
         shot(page, f"{shots}_{key}_en")
 
 
@@ -110,7 +114,7 @@ def test_presenter_view_fits_a_projector(app_in_chromium):
     got = assert_fits(page, "presenter, class token")
     assert got["heat"]["height"] >= 0.6 * 720
     assert page.locator("[data-testid='stSidebar']").is_hidden() and page.locator("h1").count() == 0
-    for box in (".st-key-layer", ".st-key-head"):  # Layer and Head on the same screen
+    for box in (".st-key-layer", ".st-key-head", ".st-key-join"):  # Layer, Head and the QR code on the same screen
         b = page.locator(box).bounding_box()
         assert b["y"] >= 0 and b["y"] + b["height"] <= 720, box
     sizes = page.evaluate("""() => [...document.querySelectorAll(

@@ -60,13 +60,15 @@ def show(ctx: Context) -> None:
 
     drawn = (last, fusion, np.asarray(rolled), ctx.alpha, ctx.cmap, ctx.smooth)
     raw_picture, rolled_picture = pictures_of(cap, ctx.view, *drawn)
-    left, right = st.columns(2, gap="large")
-    for column, grid_map, picture, title, caption, units in (
-        (left, raw, raw_picture, t("analysis.rollout.raw_title", layer=last),
+    pictures = [
+        (raw, raw_picture, t("analysis.rollout.raw_title", layer=last),
          t("analysis.rollout.raw_caption", layer=last), t("analysis.weight_units")),
-        (right, rolled, rolled_picture, t("analysis.rollout.roll_title", first=first, last=last),
+        (rolled, rolled_picture, t("analysis.rollout.roll_title", first=first, last=last),
          t("analysis.rollout.roll_caption", first=first, last=last), t("analysis.rollout.units")),
-    ):
+    ]
+    if ctx.narrow:  # one column on a phone: the rollout, which the title names, first; the raw layer under it
+        pictures.reverse()
+    for column, (grid_map, picture, title, caption, units) in zip(st.columns(2, gap="large"), pictures):
         with column:
             st.markdown(f"**{title}**")
             st.image(picture, caption=caption)
