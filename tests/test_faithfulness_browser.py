@@ -16,7 +16,7 @@ import pytest
 import attnviz
 from attnviz import ablation, faithfulness as fa
 from conftest import ASSETS
-from serve import SCREENS, choose_view, open_page, pick, settle, shot
+from serve import MEASURE, SCREENS, choose_view, open_page, pick, settle, shot
 
 LABELS = {"faithfulness": "Does attention explain? All maps tested", "ablation": "Switch heads off (causal test)",
           "neuron": "One weight, from q and k (neuron view)"}
@@ -115,6 +115,7 @@ def test_faithfulness_panel_at_three_sizes(app_in_chromium, real_model, cat_capt
         assert said == fa.sentence(result), said
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= size["viewport"]["width"], (name, width)
+        assert not page.evaluate(MEASURE)["clipped"], name  # no chart cut off at the right of its box
         shot(page, f"faithfulness_{name}_en")
         page.locator("[data-testid='stVegaLiteChart']").first.scroll_into_view_if_needed()
         shot(page, f"faithfulness_{name}_en_chart")
@@ -152,5 +153,6 @@ def test_faithfulness_panel_at_three_sizes(app_in_chromium, real_model, cat_capt
         shot(page, f"{key}_phone_en")
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 390, (key, width)
+        assert not page.evaluate(MEASURE)["clipped"], key
         page.close()
     assert np.isfinite([c.deletion_area for c in result.curves]).all()

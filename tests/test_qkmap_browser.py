@@ -175,7 +175,7 @@ def test_map_at_each_size_in_both_languages(app_in_chromium, where, lang, real_m
     assert f"{rho:+.2f}" in text, text  # the measured sentence, in this language
     settle(page)
     got = page.evaluate(MEASURE)
-    assert got["page"] == got["vw"] and got["main"] <= got["vw"], (where, got)
+    assert got["page"] == got["vw"] and got["main"] <= got["vw"] and not got["clipped"], (where, got)
     for chart in page.locator(f"{CHART} canvas").all():
         box = chart.bounding_box()
         assert box["x"] >= 0 and box["x"] + box["width"] <= got["vw"] + 0.5, (where, box)
