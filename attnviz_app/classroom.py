@@ -59,6 +59,10 @@ BASE_CSS = """
 .katex-display { overflow-x: auto; overflow-y: hidden; }
 [data-testid="stVegaLiteChart"], [data-testid="stDataFrame"], .stKatex, [data-testid="stMarkdownContainer"] {
   max-width: 100%; overflow-x: auto; }
+/* An SVG chart wider than its column (a small laptop's, the presenter view's) is scaled down whole: its viewBox keeps
+   its shape, and Vega finds what a click hits by the element clicked, so clicks stay right. A canvas chart would
+   take clicks at the wrong place once scaled: it scrolls instead. */
+[data-testid="stVegaLiteChart"] svg.marks { max-width: 100%; height: auto; }
 @media (max-width: 640px) {
   .block-container { padding-left: 1rem; padding-right: 1rem; }
   button, [data-testid="stSelectbox"] [role="group"], [data-testid="stFileUploaderDropzone"] button,

@@ -133,3 +133,27 @@ def test_presenter_view_fits_a_projector(app_in_chromium):
 
     every_view_fits(page, "presenter", "present")
     page.close()
+
+
+@pytest.mark.browser
+def test_a_small_laptop_scales_pictures_into_their_columns_and_clicks_stay_right(app_in_chromium):
+    """At 1024 × 768 (sidebar open) the heads grid, the neuron view's two pictures and the query view's 512 px
+    picture are wider than their columns: each is scaled down whole, not cut off, and a click on the scaled
+    picture picks the patch under the pointer."""
+    url, browser = app_in_chromium
+    for view in ("heads", "neuron", "query"):
+        page = open_page(browser, "desktop", viewport={"width": 1024, "height": 768})
+        page.goto(url + f"/?view={view}")  # a link to the view (attnviz_app/links.py)
+        page.locator(".st-key-result [data-testid='stVegaLiteChart'] svg.marks").first.wait_for(timeout=180_000)
+        settle(page)
+        got = page.evaluate(MEASURE)
+        assert not got["clipped"] and got["page"] == got["vw"] == 1024, (view, got)
+        if view != "query":
+            page.close()
+    picture = page.locator(".st-key-result [data-testid='stVegaLiteChart'] svg.marks").first
+    box = picture.bounding_box()
+    assert box["width"] < 400 and abs(box["width"] - box["height"]) < 1, box  # scaled from 512 px, still square
+    picture.click(position={"x": box["width"] * 10.5 / 14, "y": box["height"] * 2.5 / 14})
+    page.get_by_text("where does patch (row 3, column 11) look?").wait_for(timeout=60_000)
+    shot(page, "laptop_1024_query_en")
+    page.close()
