@@ -16,6 +16,7 @@ CHART_KEY = "qk_chart"
 ATLAS_KEY = "qk_atlas"
 COLOUR_CHOICES = ("row", "column", "brightness", "hue", "cls_attention")  # "photo" is the dataset page's
 CANVAS = {"embedOptions": {"renderer": "canvas"}}  # vega-embed reads its options from the spec's usermeta
+SVG_POINTS = 1000  # up to this many points (224 px: 514) the map is SVG, which a narrow column scales down whole
 TOP = 5  # keys drawn as lines from the chosen query
 SCATTER_PX, PRESENT_PX, NARROW_PX = 520, 420, 290  # the scatter: a desktop, a projector's 3/5 column, a phone
 PHOTO_PX, PRESENT_PHOTO_PX, NARROW_PHOTO_PX = 240, 200, 200
@@ -93,8 +94,9 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
         x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter({"param": "hover", "empty": False})
     photo = alt.layer(image, frame).properties(width=photo_side, height=photo_side, title=t("qkmap.hover_title"))
     chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
-    # Vega's canvas renderer: thousands of points draw in a fraction of SVG's time (bench/qkmap.py).
-    return configured(chart).properties(usermeta=CANVAS)
+    # Vega's canvas renderer: thousands of points draw in a fraction of SVG's time (bench/qkmap.py). A few hundred
+    # are quick in SVG too, and an SVG chart too wide for its column is scaled into it (classroom.BASE_CSS).
+    return configured(chart).properties(usermeta=CANVAS if len(qk.xy) > SVG_POINTS else {})
 
 
 def points_plot(qk: qkmap.QKMap, values: np.ndarray, query: int, colour_title: str, side: int, narrow: bool):
