@@ -137,11 +137,11 @@ def test_presenter_view_fits_a_projector(app_in_chromium):
 
 @pytest.mark.browser
 def test_a_small_laptop_scales_pictures_into_their_columns_and_clicks_stay_right(app_in_chromium):
-    """At 1024 × 768 (sidebar open) the heads grid, the neuron view's two pictures and the query view's 512 px
-    picture are wider than their columns: each is scaled down whole, not cut off, and a click on the scaled
-    picture picks the patch under the pointer."""
+    """At 1024 × 768 (sidebar open) the heads grid, the neuron view's two pictures, the Q/K map and the query
+    view's 512 px picture are wider than their columns: each is scaled down whole, not cut off, and a click on
+    the scaled picture picks the patch under the pointer."""
     url, browser = app_in_chromium
-    for view in ("heads", "neuron", "query"):
+    for view in ("heads", "neuron", "qkmap", "query"):
         page = open_page(browser, "desktop", viewport={"width": 1024, "height": 768})
         page.goto(url + f"/?view={view}")  # a link to the view (attnviz_app/links.py)
         page.locator(".st-key-result [data-testid='stVegaLiteChart'] svg.marks").first.wait_for(timeout=180_000)
