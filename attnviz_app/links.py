@@ -1,6 +1,6 @@
 """The Explore page's choices in its address, so that a link opens what is on the screen.
 
-``/?view=query&layer=3&head=2&photo=dog&lang=zh-TW``: a session's first run takes these choices from the
+``/?view=query&layer=3&head=2&photo=coffee&lang=zh-TW``: a session's first run takes these choices from the
 address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
 presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
 as on the page; ``head`` is also ``mean``, ``max`` or ``min``. Uploads never travel: only the sample photos

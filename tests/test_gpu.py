@@ -26,8 +26,8 @@ from attnviz import ablation, cli, html, lesson, live, neuron, qkmap, relevance,
 from attnviz_app import views
 from attnviz import faithfulness as fa
 from conftest import APP
-from tests.test_zoo import SMALL_BUILDS
 from tests.rounding import NUMBER, same_but_rounding
+from tests.test_zoo import SMALL_BUILDS
 from tests.zoo import TOLERANCE, walk_one
 
 # ATTNVIZ_TEST_GPU=cpu runs these on the CPU against itself: a dry run of the tests' own logic, nothing more.
