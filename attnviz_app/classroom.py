@@ -85,8 +85,15 @@ PRESENT_CSS = """
 [data-testid="stRadio"] label p, button p { font-size: 20px !important; }
 [data-testid="stHeadingWithActionElements"] h3 { font-size: 28px; padding-top: 0; }
 [data-testid="stImage"] img { max-height: calc(100vh - 150px); width: auto; }
+/* The class token's heatmap and its colour bar as wide as the screen's height allows (500 px at 720, 860 px at
+   1080), leaving room for the title and the scale's numbers. */
+.st-key-present_heat [data-testid="stElementContainer"] { max-width: calc(100vh - 220px); }
+.st-key-present_heat [data-testid="stImage"] img { max-height: none; }
 [data-testid="stImageCaption"] { font-size: 20px !important; }
 .st-key-join { border: 2px solid #888; border-radius: 0.5rem; padding: 0.5rem 0.75rem; }
+/* The QR code: 120 px on a 720 px screen, growing with the screen's height to 240 px (at 840 px and more) */
+.st-key-join [data-testid="stElementContainer"]:has(img), .st-key-join img {
+  width: clamp(120px, calc(100vh - 600px), 240px) !important; }
 .st-key-join code { font-size: 22px; }
 """
 

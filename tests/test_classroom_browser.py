@@ -157,3 +157,19 @@ def test_a_small_laptop_scales_pictures_into_their_columns_and_clicks_stay_right
     page.get_by_text("where does patch (row 3, column 11) look?").wait_for(timeout=60_000)
     shot(page, "laptop_1024_query_en")
     page.close()
+
+
+@pytest.mark.browser
+def test_presenter_view_grows_with_a_full_hd_projector(app_in_chromium):
+    """On a 1920 × 1080 projector the heatmap and the QR code grow with the screen (500 px and 120 px at 720)."""
+    url, browser = app_in_chromium
+    page = open_page(browser, "projector", viewport={"width": 1920, "height": 1080})
+    page.goto(url + "/?present=1")
+    page.locator(HEATMAP).first.wait_for(timeout=120_000)
+    settle(page)
+    got = assert_fits(page, "presenter, 1920 × 1080")
+    assert got["heat"]["height"] >= 0.75 * 1080, got["heat"]
+    qr = page.locator(".st-key-join img").bounding_box()
+    assert qr["width"] >= 200 and qr["y"] + qr["height"] <= 1080, qr
+    shot(page, "present_1080_cls_en")
+    page.close()

@@ -22,7 +22,6 @@ def no_class_token_note(cap) -> None:
         st.info(t("families.no_cls_note", p=cap.num_tokens - cap.num_prefix_tokens))
 
 
-PRESENT_PX = 500  # 69 % of a 720 px projector, leaving room for the title and the scale
 
 
 def picture_of(cap, view: Image.Image, layer: int, head, alpha: float, cmap: str, smooth: bool) -> Image.Image:
@@ -46,7 +45,8 @@ def show(ctx: Context) -> None:
         caption = t("families.no_cls_caption", h=cap.grid[0], w=cap.grid[1], p=patches)
     if ctx.present:  # the projector: the picture as large as the screen allows, the facts left out
         st.subheader(title)
-        heatmap(picture, grid_map, ctx.cmap, caption, width=PRESENT_PX)
+        with st.container(key="present_heat"):  # classroom.PRESENT_CSS sizes it by the screen's height
+            heatmap(picture, grid_map, ctx.cmap, caption, present=True)
         return
     left, right = st.columns([3, 2], gap="large")
     with left:

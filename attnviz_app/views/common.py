@@ -22,11 +22,13 @@ def head_label(head) -> str:
     return t(f"view.head_{head}") if isinstance(head, str) else t("view.head_n", n=head + 1)
 
 
-def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str, width: int | None = None) -> None:
-    """Show an overlay with its colour bar and the numbers at both ends of the scale (``width``: shown
-    that many px wide, e.g. to fit a projector)."""
-    st.image(picture, caption=None if width else caption, width=width or "content")  # a projector: no long caption
-    st.image(render.colorbar(cmap, width=width or picture.width, height=14), width=width or "content")
+def heatmap(picture: Image.Image, grid_map: np.ndarray, cmap: str, caption: str, present: bool = False) -> None:
+    """Show an overlay with its colour bar and the numbers at both ends of the scale. ``present``: as wide as
+    the column, which the presenter view's CSS caps by the screen's height (classroom.PRESENT_CSS), and
+    without the long caption."""
+    width = "stretch" if present else "content"
+    st.image(picture, caption=None if present else caption, width=width)
+    st.image(render.colorbar(cmap, width=picture.width, height=14), width=width)
     st.caption(t("view.scale", lo=float(grid_map.min()), hi=float(grid_map.max())))
 
 
