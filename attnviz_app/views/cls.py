@@ -22,8 +22,6 @@ def no_class_token_note(cap) -> None:
         st.info(t("families.no_cls_note", p=cap.num_tokens - cap.num_prefix_tokens))
 
 
-
-
 def picture_of(cap, view: Image.Image, layer: int, head, alpha: float, cmap: str, smooth: bool) -> Image.Image:
     """The heatmap of ``layer`` and ``head`` over ``view``, enlarged, with its high-norm patches marked."""
     grid_map = cap.summary_map(layer, head)  # (h, w): the CLS row, or the mean received without one

@@ -45,7 +45,6 @@ def download_png(draw: Callable[[], Image.Image], file_name: str, key: str) -> N
 QUERY_COLOUR = (0, 255, 255)  # cyan: the query patch / chosen cell, visible on every colour map
 FIGURE_FONTS = ["DejaVu Sans", "Noto Sans CJK TC", "Noto Sans CJK JP"]
 CHART_PX = 512  # side of a clickable picture: fits the wide column of a 1280 px screen
-PRESENT_CHART_PX = 400  # … the 405 px left column of the query view in the presenter view (1280 × 720)
 NARROW_CHART_PX = 340  # … and a phone's 358 px column
 
 
@@ -146,8 +145,7 @@ def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str) -> Non
     st.caption(t("analysis.scale_units", lo=float(grid_map.min()), hi=float(grid_map.max()), units=units))
 
 
-def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select, narrow: bool = False,
-                      present: bool = False) -> None:
+def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select, narrow: bool = False) -> None:
     """``picture`` drawn by Altair with an invisible grid of patches on top; a click selects a patch.
 
     The selection ``patch`` holds ``{"row": r, "col": c}`` (0-based); ``on_select`` runs as the callback.
@@ -157,7 +155,7 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
 
     h, w = grid
     # the browser scales the picture; the cells stay exact
-    side = min(picture.width, NARROW_CHART_PX if narrow else PRESENT_CHART_PX if present else CHART_PX)
+    side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)  # a narrower column scales it (BASE_CSS)
     cells = pd.DataFrame([(r, c, r + 1, c + 1) for r in range(h) for c in range(w)], columns=["row", "col", "r1", "c1"])
     x = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     y = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
