@@ -1,9 +1,10 @@
 """The Explore page's choices in its address, so that a link opens what is on the screen.
 
-``/?view=query&layer=3&head=2&photo=coffee&lang=zh-TW``: a session's first run takes these choices from the
+``/?view=query&layer=3&head=2&query=r3c11&photo=coffee&lang=zh-TW``: a session's first run takes these choices from the
 address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
 presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
-as on the page; ``head`` is also ``mean``, ``max`` or ``min``. Uploads never travel: only the sample photos
+as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw one token's row:
+``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is the query token. Uploads never travel: only the sample photos
 have names. A value the page does not offer is left out, and the page opens on its own default there.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import attnviz
 from attnviz import i18n
 from attnviz.softmax import HEAD_FUSIONS
 
-LINKED = ("view", "layer", "head", "photo", "lang")  # the address's names, in the order a link writes them
+LINKED = ("view", "layer", "head", "query", "photo", "lang")  # the address's names, in the order a link writes them
 _RESTORED = "_links_restored"
 
 
@@ -37,17 +38,21 @@ def restore() -> None:
     head = asked.get("head", "")
     if head in HEAD_FUSIONS or (head.isdecimal() and 1 <= int(head) <= 999):
         st.session_state["head"] = head if head in HEAD_FUSIONS else int(head)
-    if "view" in asked:
+    if "view" in asked or "query" in asked:
         from . import views  # the registry imports every view: only when a link names one
+        from .views.query import follow_link
 
-        if asked["view"] in views.registered():
+        if asked.get("view") in views.registered():
             st.session_state["view"] = asked["view"]
+        follow_link(asked.get("query", ""))
 
 
-def choices(view: str, layer: int, head: str | int, photo: str | None, lang: str) -> dict[str, str]:
-    """The address's values for what is shown; ``photo`` is a sample's name, or None for anything else."""
-    said = {"view": view, "layer": str(layer), "head": str(head), "photo": photo, "lang": lang}
-    return {name: said[name] for name in LINKED if said[name] is not None}
+def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,
+            head: str | int | None = None, query: str | None = None) -> dict[str, str]:
+    """The address's values for what is shown: ``photo`` a sample's name (None for anything else), and the view,
+    layer, head and query token where the page shows them (the Swin page has none of its own: None)."""
+    said = {"view": view, "layer": layer, "head": head, "query": query, "photo": photo, "lang": lang}
+    return {name: str(said[name]) for name in LINKED if said[name] is not None}
 
 
 def publish(linked: dict[str, str]) -> None:

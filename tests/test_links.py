@@ -35,7 +35,8 @@ def test_a_link_opens_the_view_layer_head_photo_and_language_it_names():
     assert any(h.value.startswith(title.partition("{token}")[0]) for h in at.subheader), [h.value for h in at.subheader]
     assert any(i18n.text("zh-TW", "samples.coffee") in c.value for c in at.caption) or \
         at.selectbox(key="sample").value == "coffee"
-    assert at.query_params == {"view": "query", "layer": "3", "head": "2", "photo": "coffee", "lang": "zh-TW"}
+    assert at.query_params == {"view": "query", "layer": "3", "head": "2", "query": "cls", "photo": "coffee",
+                               "lang": "zh-TW"}
 
 
 def test_the_address_follows_the_page():
@@ -78,3 +79,31 @@ def test_the_presenter_views_qr_code_opens_the_view_on_the_projector(monkeypatch
     assert any("`http://attnviz.school`" in m.value for m in at.markdown)  # the address to type stays short
     assert encoded[-1] == "http://attnviz.school/?view=rollout&layer=12&head=mean&photo=rocket&lang=en"
     assert at.query_params["present"] == "1"  # the address keeps the presenter view; the QR code does not
+
+
+def test_a_link_names_the_query_token_on_the_views_that_draw_one():
+    at = opened(view="query", query="r3c11", photo="cat")
+    patch = i18n.text("en", "analysis.patch", row=3, col=11)
+    assert any(patch in h.value for h in at.subheader), [h.value for h in at.subheader]
+    assert at.query_params["query"] == "r3c11"
+    # the matrix view draws the same query's row; choosing another token there moves the address with it
+    at.selectbox(key="view").set_value("matrix").run()
+    query = at.selectbox(key="matrix_query")
+    assert query.options[query.value] == patch and at.query_params["query"] == "r3c11"
+    query.set_value(query.options.index(i18n.text("en", "analysis.patch", row=14, col=1))).run()
+    assert at.query_params["query"] == "r14c1"
+    at.selectbox(key="matrix_query").set_value(0).run()
+    assert at.query_params["query"] == "cls"
+    # a view that draws no query token's row leaves the query out of its link
+    at.selectbox(key="view").set_value("cls").run()
+    assert "query" not in at.query_params
+
+
+@pytest.mark.parametrize("asked, shown", [
+    ("r99c99", "r14c14"),  # past the 14 x 14 grid: its last row and column
+    ("r0c5", "cls"), ("reg99", "cls"), ("r3", "cls"), ("patch", "cls"), ("r1c1; drop", "cls"),
+])
+def test_a_query_the_model_does_not_have_is_left_out(asked, shown):
+    at = opened(view="query", query=asked)
+    assert not at.exception
+    assert at.query_params["query"] == shown

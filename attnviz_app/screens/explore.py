@@ -7,6 +7,7 @@ from attnviz import render
 from attnviz.capture import HEAD_FUSIONS
 from attnviz_app import classroom, links, sources, ui, views
 from attnviz_app.text import t
+from attnviz_app.views.query import link_name
 
 VIEWS = views.registered()
 
@@ -55,6 +56,7 @@ def page() -> None:
     if not present:  # the controls under the photo input and its notes, the view under them
         panel, result = st.container(), st.container()
 
+    photo = st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
     if getattr(cap, "stages", None):  # stages and windows (Swin): Stage and Block, the grid of each stage
         from attnviz_app.views import stages
 
@@ -62,9 +64,14 @@ def page() -> None:
             stages.show(views.Context(  # Layer and Head left as they are: the Stage view has its own per stage
                 model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=cap.num_layers - 1,
                 head="mean",
-                alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit, cap_key=cap_key, narrow=classroom.narrow(),
-                recall=recall,
+                alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit, cap_key=cap_key, present=present,
+                narrow=classroom.narrow(), recall=recall,
             ))
+        linked = links.choices(photo, st.session_state["lang"])
+        links.publish(linked)
+        if present:
+            with panel:
+                classroom.join_box(linked)
         st.stop()
 
     heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]
@@ -110,8 +117,8 @@ def page() -> None:
         )
         if not used & {views.LAYER, views.HEAD}:
             st.caption(t("classroom.no_layer_head"))
-    linked = links.choices(chosen, layer, head, st.session_state.get("sample") if st.session_state.get("source") == "sample"
-                           else None, st.session_state["lang"])
+    linked = links.choices(photo, st.session_state["lang"], chosen, layer, head,
+                           query=link_name(cap) if VIEWS[chosen].reads_query else None)
     links.publish(linked)
 
     with result, st.container(key="result"):

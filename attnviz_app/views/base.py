@@ -66,6 +66,7 @@ class View:
     needs_classifier: bool = False  # says "classifier only" next to its label on a backbone
     # The controls it reads given the session's own choices inside the view (e.g. one mask per head).
     controls_in: Callable[[Mapping, frozenset[str]], frozenset[str]] | None = None
+    reads_query: bool = False  # draws the session's query token (views.query): a link to it names the query
 
     def used(self, state: Mapping) -> frozenset[str]:
         return self.controls if self.controls_in is None else self.controls_in(state, self.controls)

@@ -99,4 +99,4 @@ def show(ctx: Context) -> None:
     )
 
 
-register(View("matrix", show, controls=frozenset({LAYER, HEAD, COLOURS}), order=30))
+register(View("matrix", show, controls=frozenset({LAYER, HEAD, COLOURS}), order=30, reads_query=True))

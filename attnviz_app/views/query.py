@@ -1,6 +1,8 @@
 """Any token as the query: click a patch (or pick CLS / a register) and see its attention row."""
 from __future__ import annotations
 
+import re
+
 import streamlit as st
 from PIL import Image
 
@@ -44,6 +46,27 @@ def set_query(prefix: int, grid: tuple[int, int], token: int) -> None:
     else:
         st.session_state["query_token"] = PATCH
         st.session_state["query_patch"] = divmod(token - prefix, grid[1])
+
+
+def link_name(cap) -> str:
+    """The session's query as a link names it: ``cls``, ``reg2`` or ``r3c11`` (row 3, column 11, 1-based)."""
+    query, prefix = current_query(cap), cap.num_prefix_tokens
+    if query < prefix:
+        return f"reg{query}" if query else "cls"
+    row, col = divmod(query - prefix, cap.grid[1])
+    return f"r{row + 1}c{col + 1}"
+
+
+def follow_link(name: str) -> None:
+    """Make the query the one a link names (:func:`link_name`'s words); anything else is left out. A patch past
+    the model's grid is its last row or column (:func:`current_query`), a register it lacks the class token."""
+    if name == "cls":
+        st.session_state["query_token"] = 0
+    elif found := re.fullmatch(r"reg([1-9][0-9]?)", name):
+        st.session_state["query_token"] = int(found[1])
+    elif found := re.fullmatch(r"r([1-9][0-9]{0,2})c([1-9][0-9]{0,2})", name):
+        st.session_state["query_token"] = PATCH
+        st.session_state["query_patch"] = (int(found[1]) - 1, int(found[2]) - 1)
 
 
 def _clicked() -> None:
@@ -94,4 +117,4 @@ def show(ctx: Context) -> None:
         st.markdown(t("analysis.query.self", weight=float(row[query])))
 
 
-register(View("query", show, controls=ALL, order=20))
+register(View("query", show, controls=ALL, order=20, reads_query=True))

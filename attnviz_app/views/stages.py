@@ -141,7 +141,9 @@ def show(ctx: Context) -> None:
     alpha, cmap, smooth = ctx.alpha, ctx.cmap, ctx.smooth
     stages = cap.stages
 
-    st.info(intro(model, cap))
+    # the presenter view keeps the projector's height for the picture: what the stages are, one click away
+    with st.expander(t("stages.about")) if ctx.present else st.container():
+        st.info(intro(model, cap))
     stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
     stage_labels = [t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0], w=cap.grid(stages[s][0])[1],
                       patch=cap.layout(stages[s][0]).patch) for s in range(len(stages))]  # the box keeps these, not cap
