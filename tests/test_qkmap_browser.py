@@ -185,3 +185,35 @@ def test_map_at_each_size_in_both_languages(app_in_chromium, where, lang, real_m
     page.locator(".st-key-result h3").first.evaluate("e => e.scrollIntoView()")
     shot(page, f"qkmap_{where}_{lang}")
     page.close()
+
+
+@pytest.mark.browser
+def test_the_largest_input_on_a_small_laptop_is_scaled_into_its_column_and_clicks_stay_right(app_in_chromium):
+    """At 518 px (1 + 37 × 37 tokens: 2740 points) the map is drawn as SVG (Streamlit's own choice above 2000
+    points would be a canvas, cut off at the right in a 1024 px laptop's column); hover and click still pick the
+    point under the pointer on the scaled chart."""
+    url, browser = app_in_chromium
+    page = open_page(browser, "desktop", viewport={"width": 1024, "height": 768})
+    page.goto(url + "/?view=qkmap&head=1")
+    page.locator(".st-key-view input").wait_for(timeout=180_000)
+    pick(page, "size", "518 px", exact=True)
+    settle(page)
+    chart = page.locator(CHART).first
+    page.wait_for_function(  # every query and key of the 518 px capture, as SVG symbols
+        "s => document.querySelectorAll(s).length >= 2740", arg=f"{CHART} svg.marks g.mark-symbol path", timeout=120_000)
+    assert chart.locator("svg.marks").count() == 1 and chart.locator("canvas").count() == 0
+    got = page.evaluate(MEASURE)
+    assert not got["clipped"] and got["page"] == got["vw"] == 1024, got
+    drawn = chart.locator("svg.marks").bounding_box()
+    assert drawn["width"] < 810 and drawn["x"] + drawn["width"] <= 1024, drawn  # scaled down from its 810 px
+    chart.scroll_into_view_if_needed()
+    page.mouse.move(1, 1)
+    row, col = hover_a_point(page, chart)
+    assert 1 <= row <= 37 and 1 <= col <= 37
+    page.mouse.down()
+    page.mouse.up()
+    settle(page)
+    choose_view(page, "Any query token → patches", "query")
+    page.get_by_text(f"patch (row {row}, column {col})").first.wait_for(timeout=60_000)
+    shot(page, "qkmap_518_laptop")
+    page.close()

@@ -16,7 +16,8 @@ CHART_KEY = "qk_chart"
 ATLAS_KEY = "qk_atlas"
 COLOUR_CHOICES = ("row", "column", "brightness", "hue", "cls_attention")  # "photo" is the dataset page's
 CANVAS = {"embedOptions": {"renderer": "canvas"}}  # vega-embed reads its options from the spec's usermeta
-SVG_POINTS = 1000  # up to this many points (224 px: 514) the map is SVG, which a narrow column scales down whole
+SVG = {"embedOptions": {"renderer": "svg"}}  # said outright: Streamlit draws charts of over 2000 points on canvas
+SVG_POINTS = 3000  # up to this many points (the default model at 518 px: 2740) the map is SVG, scaled into a narrow column whole
 TOP = 5  # keys drawn as lines from the chosen query
 SCATTER_PX, PRESENT_PX, NARROW_PX = 520, 420, 290  # the scatter: a desktop, a projector's 3/5 column, a phone
 PHOTO_PX, PRESENT_PHOTO_PX, NARROW_PHOTO_PX = 240, 200, 200
@@ -96,7 +97,7 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
     chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
     # Vega's canvas renderer: thousands of points draw in a fraction of SVG's time (bench/qkmap.py). A few hundred
     # are quick in SVG too, and an SVG chart too wide for its column is scaled into it (classroom.BASE_CSS).
-    return configured(chart).properties(usermeta=CANVAS if len(qk.xy) > SVG_POINTS else {})
+    return configured(chart).properties(usermeta=CANVAS if len(qk.xy) > SVG_POINTS else SVG)
 
 
 def points_plot(qk: qkmap.QKMap, values: np.ndarray, query: int, colour_title: str, side: int, narrow: bool):
