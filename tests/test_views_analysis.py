@@ -70,6 +70,11 @@ def test_query_view_any_token(app, page_capture):
     assert app.subheader[0].value == "Layer 12, mean of all heads: where does class token [CLS] look?"
     own = page_capture.row(11, "mean", 0)[0]
     assert f"**{own:.4f}**" in app.markdown[-1].value
+    # the prefix tokens' table: the class token's weight recomputed from the layer's q and k, mean of the heads
+    q, k = page_capture.query[11].double(), page_capture.key[11].double()  # (H, N, d)
+    weights = ((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5).softmax(-1).mean(0)
+    table = next(m.value for m in app.markdown if m.value.startswith("| key token (column) | attention weight |"))
+    assert f"| class token [CLS] | {float(weights[0, 0]):.4f} |" in table.splitlines(), table
     (lo, hi), = scales(app)
     grid = page_capture.cls_map(11, "mean")
     assert (lo, hi) == (round(float(grid.min()), 4), round(float(grid.max()), 4))
@@ -258,3 +263,26 @@ def test_clicking_a_patch_and_a_cell_in_a_real_browser():
         assert layer.inner_text().strip() == "3"
         head = page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input")
         assert head.input_value() == "head 2"
+
+
+@pytest.mark.parametrize("view", ["query", "neuron"])
+def test_clickable_pictures_are_svg_at_every_size(view):
+    """Streamlit draws a chart of over 2000 data points on a canvas unless the spec says otherwise, and a canvas is
+    not scaled into a narrow column (its clicks would land wrong). A clickable picture's grid (37 × 37 cells at
+    518 px; 56 × 56 for 8 px patches at 448) says SVG."""
+    import json
+
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["size"], at.session_state["view"] = 518, view
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    import pyarrow as pa
+
+    charts = [(json.loads(chart.proto.spec), chart.proto.datasets) for chart in at.get("vega_lite_chart")]
+    pictures = [(spec, data) for spec, data in charts
+                if any(layer.get("mark", {}).get("type") == "image" for layer in spec.get("layer", []))]
+    assert pictures, [spec.get("usermeta") for spec, _ in charts]
+    for spec, data in pictures:
+        assert spec["usermeta"]["embedOptions"]["renderer"] == "svg"
+        cells = max(pa.ipc.open_stream(d.data.data).read_all().num_rows for d in data)
+        assert cells == 37 * 37  # one clickable cell per patch of the 518 px grid

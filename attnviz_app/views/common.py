@@ -44,6 +44,9 @@ def download_png(draw: Callable[[], Image.Image], file_name: str, key: str) -> N
 
 QUERY_COLOUR = (0, 255, 255)  # cyan: the query patch / chosen cell, visible on every colour map
 FIGURE_FONTS = ["DejaVu Sans", "Noto Sans CJK TC", "Noto Sans CJK JP"]
+# vega-embed's options, from the spec's usermeta: SVG said outright, as Streamlit draws a chart of over 2000 points
+# on a canvas, which a column narrower than the chart cannot scale (BASE_CSS scales SVG; a scaled canvas clicks wrong)
+SVG = {"embedOptions": {"renderer": "svg"}}
 CHART_PX = 512  # side of a clickable picture: fits the wide column of a 1280 px screen
 NARROW_CHART_PX = 340  # … and a phone's 358 px column
 
@@ -169,7 +172,7 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
         strokeOpacity=alt.condition(hover, alt.value(0.9), alt.value(0.0), empty=False),
         tooltip=[alt.Tooltip("r1:Q", title=t("analysis.row")), alt.Tooltip("c1:Q", title=t("analysis.column"))],
     ).add_params(pick, hover)
-    chart = alt.layer(photo, grid_layer).properties(width=side, height=side).configure_view(strokeWidth=0)
+    chart = alt.layer(photo, grid_layer).properties(width=side, height=side, usermeta=SVG).configure_view(strokeWidth=0)
     st.altair_chart(chart, key=key, on_select=on_select, selection_mode="patch", width="content")
 
 

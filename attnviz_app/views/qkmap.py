@@ -9,15 +9,14 @@ from .. import heavy
 from ..text import t
 
 from .base import HEAD, LAYER, Context, View, register
-from .common import data_url, download_chart, selected_points, token_label
+from .common import SVG, data_url, download_chart, selected_points, token_label
 from .query import set_query
 
 CHART_KEY = "qk_chart"
 ATLAS_KEY = "qk_atlas"
 COLOUR_CHOICES = ("row", "column", "brightness", "hue", "cls_attention")  # "photo" is the dataset page's
 CANVAS = {"embedOptions": {"renderer": "canvas"}}  # vega-embed reads its options from the spec's usermeta
-SVG = {"embedOptions": {"renderer": "svg"}}  # said outright: Streamlit draws charts of over 2000 points on canvas
-SVG_POINTS = 3000  # up to this many points (the default model at 518 px: 2740) the map is SVG, scaled into a narrow column whole
+SVG_POINTS = 3000  # up to this many points (the default model at 518 px: 2740) the map is SVG (common.SVG)
 TOP = 5  # keys drawn as lines from the chosen query
 SCATTER_PX, PRESENT_PX, NARROW_PX = 520, 420, 290  # the scatter: a desktop, a projector's 3/5 column, a phone
 PHOTO_PX, PRESENT_PHOTO_PX, NARROW_PHOTO_PX = 240, 200, 200

@@ -109,11 +109,9 @@ def show(ctx: Context) -> None:
     with right:
         st.subheader(t("analysis.query.prefix_header"))
         st.caption(t("analysis.query.prefix_body"))
-        st.dataframe(
-            {t("analysis.matrix.cols"): [token_label(k, prefix, cap.grid) for k in range(prefix)],
-             t("analysis.matrix.colorbar"): [round(float(row[k]), 4) for k in range(prefix)]},
-            hide_index=True,
-        )
+        # a Markdown table wraps into a narrow column (a 1024 px laptop's); a data frame hid its numbers off the right
+        st.markdown("\n".join([f"| {t('analysis.matrix.cols')} | {t('analysis.matrix.colorbar')} |", "|---|---:|",
+                               *(f"| {token_label(k, prefix, cap.grid)} | {row[k]:.4f} |" for k in range(prefix))]))
         st.markdown(t("analysis.query.self", weight=float(row[query])))
 
 
