@@ -72,6 +72,12 @@ BASE_CSS = """
   [data-testid="stSlider"] [role="slider"]::before { content: ""; position: absolute; inset: -8px; }
   [data-testid="stTabs"] button[role="tab"] { min-height: 40px; }
 }
+/* On a touch screen a chart's toolbar (its data table, a download, full screen) appears at the first tap and stays,
+   over the title above the chart; every chart has its own download buttons under it. */
+@media (hover: none) {
+  [data-testid="stElementContainer"]:has([data-testid="stVegaLiteChart"]) [data-testid="stElementToolbar"] {
+    display: none; }
+}
 """
 PRESENT_CSS = """
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stHeader"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from make_corpus import entries
-from serve import BIG_PICTURE, MEASURE, NO_PICTURE, choose_view, open_page, settle, shot
+from serve import BIG_PICTURE, MEASURE, NO_PICTURE, choose_view, open_page, quiet, settle, shot
 
 VIEWS = {  # view key → its label in English, as the View box shows it
     "cls": "Class token → patches", "query": "Any query token → patches", "matrix": "Full N × N attention matrix",
@@ -37,6 +37,11 @@ def assert_fits(page, where: str, whole_heatmap: bool = True) -> dict:
         assert heat["left"] >= 0 and heat["right"] <= got["vw"] + 0.5, (where, heat)
         assert heat["top"] >= -0.5 and heat["bottom"] <= got["vh"] + 0.5, (where, heat)
     return got
+
+
+TOOLBAR_SHOWN = """() => [...document.querySelectorAll('[data-testid="stElementToolbar"]')]
+  .filter(bar => bar.closest('[data-testid="stElementContainer"]').querySelector('[data-testid="stVegaLiteChart"]'))
+  .some(bar => getComputedStyle(bar).display !== 'none' && getComputedStyle(bar).opacity !== '0')"""
 
 
 def every_view_fits(page, where: str, shots: str) -> None:
@@ -101,6 +106,22 @@ def test_phone_upload_views_and_lesson(app_in_chromium):
             "imgs => imgs.map(i => i.getBoundingClientRect()).map(r => [r.left, r.right])")
         assert all(left >= 0 and right <= got["vw"] + 0.5 for left, right in boxes), (i, boxes)
         shot(page, f"phone_lesson{i + 1}_en")
+    page.close()
+
+    # A link straight to the query view; a tap on the picture picks that patch, and no chart toolbar (which stays
+    # after a tap on a touch screen) covers the title above it.
+    page = open_page(browser, "phone")
+    page.goto(url + "/?view=query")
+    chart = page.locator(".st-key-result [data-testid='stVegaLiteChart']").first
+    chart.locator("svg.marks").wait_for(timeout=120_000)
+    settle(page)
+    quiet(page)
+    box = chart.bounding_box()
+    page.touchscreen.tap(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.get_by_text("where does patch (row 8, column 8) look?").wait_for(timeout=60_000)
+    settle(page)
+    quiet(page)
+    assert not page.evaluate(TOOLBAR_SHOWN)
     page.close()
 
 
