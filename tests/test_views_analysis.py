@@ -73,7 +73,7 @@ def test_query_view_any_token(app, page_capture):
     # the prefix tokens' table: the class token's weight recomputed from the layer's q and k, mean of the heads
     q, k = page_capture.query[11].double(), page_capture.key[11].double()  # (H, N, d)
     weights = ((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5).softmax(-1).mean(0)
-    table = next(m.value for m in app.markdown if m.value.startswith("| key token (column) | attention weight |"))
+    table = next(m.value for m in app.markdown if m.value.startswith("| key token | attention weight |"))
     assert f"| class token [CLS] | {float(weights[0, 0]):.4f} |" in table.splitlines(), table
     (lo, hi), = scales(app)
     grid = page_capture.cls_map(11, "mean")

@@ -110,7 +110,7 @@ def show(ctx: Context) -> None:
         st.subheader(t("analysis.query.prefix_header"))
         st.caption(t("analysis.query.prefix_body"))
         # a Markdown table wraps into a narrow column (a 1024 px laptop's); a data frame hid its numbers off the right
-        st.markdown("\n".join([f"| {t('analysis.matrix.cols')} | {t('analysis.matrix.colorbar')} |", "|---|---:|",
+        st.markdown("\n".join([f"| {t('analysis.query.prefix_key')} | {t('analysis.matrix.colorbar')} |", "|---|---:|",
                                *(f"| {token_label(k, prefix, cap.grid)} | {row[k]:.4f} |" for k in range(prefix))]))
         st.markdown(t("analysis.query.self", weight=float(row[query])))
 
