@@ -3,8 +3,8 @@
 ``/?view=query&layer=3&head=2&query=r3c11&photo=coffee&lang=zh-TW``: a session's first run takes these choices from the
 address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
 presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
-as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw one token's row:
-``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is the query token. Uploads never travel: only the sample photos
+as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw the session's query
+token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token. Uploads never travel: only the sample photos
 have names. A value the page does not offer is left out, and the page opens on its own default there.
 """
 from __future__ import annotations

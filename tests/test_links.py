@@ -99,6 +99,18 @@ def test_a_link_names_the_query_token_on_the_views_that_draw_one():
     assert "query" not in at.query_params
 
 
+def test_the_q_k_map_draws_the_linked_query_and_links_the_one_clicked():
+    at = opened(view="qkmap", layer="12", head="3", query="r2c6")
+    patch = i18n.text("en", "analysis.patch", row=2, col=6)
+    assert any(f"the query of **{patch}**" in m.value for m in at.markdown)  # its pink lines start at that patch
+    assert at.query_params["query"] == "r2c6"
+    at.session_state["query_token"], at.session_state["query_patch"] = "patch", (13, 13)  # as a click on a query
+    at.run()
+    assert at.query_params["query"] == "r14c14"
+    at.selectbox(key="view").set_value("query").run()  # the Query view's query is the one clicked on the map
+    assert any(i18n.text("en", "analysis.patch", row=14, col=14) in h.value for h in at.subheader)
+
+
 @pytest.mark.parametrize("asked, shown", [
     ("r99c99", "r14c14"),  # past the 14 x 14 grid: its last row and column
     ("r0c5", "cls"), ("reg99", "cls"), ("r3", "cls"), ("patch", "cls"), ("r1c1; drop", "cls"),

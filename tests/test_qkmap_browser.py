@@ -117,10 +117,14 @@ def test_desktop_map_sentence_hover_click_and_atlas(app_in_chromium, real_model)
     left_of_photo = photo_right + 1 - photo_px
     assert abs((outline[0] - left_of_photo) / (photo_px / 14) - (col - 1)) < 0.5, (outline, col, photo_right)
 
-    # Click that query: it becomes the Query view's query.
+    # Click that query: it becomes the session's query, so the map's pink lines start there, the address names it,
+    # and the Query view shows it.
     page.mouse.down()
     page.mouse.up()
     settle(page)
+    page.get_by_text(f"the query of patch (row {row}, column {col}) attends to most").wait_for(timeout=60_000)
+    page.wait_for_function("q => new URL(location.href).searchParams.get('query') === q", arg=f"r{row}c{col}",
+                           timeout=30_000)
     choose_view(page, "Any query token → patches", "query")
     page.get_by_text(f"patch (row {row}, column {col})").first.wait_for(timeout=60_000)
 

@@ -40,9 +40,9 @@ def test_sentence_and_query_handover(lang, real_model):
 
     if lang != "en":
         return  # AppTest's second run of the Chinese page trips over its own photo-source radio ('Sample photo')
-    # What a click on the query point of token 20 leaves behind; the Query view then shows that patch.
-    at.session_state["qk_query"] = 20
-    at.session_state["qk_query_set"] = True
+    # What a click on the query point of token 20 does (views.qkmap._picked_point, which AppTest cannot click);
+    # the Query view then shows that patch.
+    at.session_state["query_token"], at.session_state["query_patch"] = "patch", divmod(20 - 1, 14)
     at.run()
     patch = i18n.text(lang, "analysis.patch", row=2, col=6)  # token 20 = patch 19 = (1, 5) 0-based on 14 × 14
     assert patch in "\n".join(m.value for m in at.markdown)  # "Pink lines: … the query of patch (row 2, column 6)"

@@ -1,6 +1,8 @@
 """The Q/K map (AttentionViz): one head's queries and keys as points, and the atlas of every head."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import streamlit as st
 
@@ -10,7 +12,7 @@ from ..text import t
 
 from .base import HEAD, LAYER, Context, View, register
 from .common import SVG, data_url, download_chart, selected_points, token_label
-from .query import set_query
+from .query import current_query, set_query
 
 CHART_KEY = "qk_chart"
 ATLAS_KEY = "qk_atlas"
@@ -22,12 +24,12 @@ SCATTER_PX, PRESENT_PX, NARROW_PX = 520, 420, 290  # the scatter: a desktop, a p
 PHOTO_PX, PRESENT_PHOTO_PX, NARROW_PHOTO_PX = 240, 200, 200
 
 
-def _picked_point() -> None:
-    """Click on a point: a query becomes the session's query (the Query view's too); a key is ignored."""
+def _picked_point(prefix: int, grid: tuple[int, int]) -> None:
+    """Click on a point: a query becomes the session's query (the Query view's too); a key is ignored. Run before
+    the page, so the page's address names the query clicked."""
     points = selected_points(st.session_state.get(CHART_KEY), "pick")
     if points and points[0].get("kind") == "query":
-        st.session_state["qk_query"] = int(points[0]["token"])
-        st.session_state["qk_query_set"] = True
+        set_query(prefix, grid, int(points[0]["token"]))
 
 
 def _picked_head() -> None:
@@ -204,15 +206,13 @@ def show(ctx: Context) -> None:
         qk = heavy.run("qkmap", ctx.cap_key, (ctx.layer, head, method, normalize), compute, t("qkmap.working"))
     stats = qkmap.statistics(qk)
     values = qkmap.colour_values(qk, cap, colour)
-    query = st.session_state.get("qk_query", 0)
-    query = query if isinstance(query, int) and 0 <= query < cap.num_tokens else 0
-    if st.session_state.pop("qk_query_set", False):
-        set_query(cap.num_prefix_tokens, cap.grid, query)  # the Query view's query from now on
+    query = current_query(cap)  # the session's query token, as the Query and matrix views draw it
     if colour in ("row", "column"):
         values = values + 1  # counted from 1, as the page counts rows and columns
     colour_title = t(f"qkmap.colour_{colour}")
     chart = scatter(qk, values, ctx.view, query, colour_title, ctx.narrow, ctx.present)
-    st.altair_chart(chart, key=CHART_KEY, on_select=_picked_point, selection_mode="pick", width="content")
+    st.altair_chart(chart, key=CHART_KEY, on_select=partial(_picked_point, cap.num_prefix_tokens, cap.grid),
+                    selection_mode="pick", width="content")
     # the file: the map alone (the photo beside it only shows the patch under the pointer)
     download_chart(configured(points_plot(qk, values, query, colour_title, SCATTER_PX, False)),
                    f"qk_map_layer{ctx.layer + 1}_head{head + 1}_{method}", key="qk_map_download")
@@ -246,4 +246,4 @@ def _atlas(cap):
     return at, qkmap.atlas_picture(at)
 
 
-register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=91))
+register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=91, reads_query=True))
