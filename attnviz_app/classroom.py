@@ -139,7 +139,9 @@ SCROLL_JS = """
       .map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
     if (!sized.length || sized.some(([p]) => p.complete === false)) return;
     clearInterval(timer);
-    const [picture] = sized.sort((a, b) => b[1] - a[1])[0];
+    // the view's first big picture (its main one; the Q/K map's atlas below the map is taller than the map)
+    const tallest = Math.max(...sized.map(([p, h]) => h));
+    const [picture] = sized.find(([p, h]) => h >= tallest / 2);
     picture.scrollIntoView({block: "nearest", behavior: "instant"});
   }, 100);
 })(/* %(token)s */);

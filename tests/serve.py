@@ -208,7 +208,10 @@ MEASURE = """() => {
   const box = document.querySelector('.st-key-result');
   const all = box ? [...box.querySelectorAll('img, canvas, svg.marks')].filter(
     p => p.closest('[data-stale="true"]') === null) : [];  // not what the previous run left
-  const big = all.map(p => p.getBoundingClientRect()).filter(r => r.height > 120).sort((a, b) => b.height - a.height);
+  // the view's main picture: its first big one, as the page scrolls to it (classroom.SCROLL_JS)
+  const sized = all.map(p => p.getBoundingClientRect()).filter(r => r.height > 120);
+  const tallest = Math.max(0, ...sized.map(r => r.height));
+  const big = sized.filter(r => r.height >= tallest / 2);
   const main = document.querySelector('[data-testid="stMain"]');
   // charts drawn wider than their box: the page's CSS lets the box scroll sideways, so their right part is cut off
   const clipped = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(chart => {

@@ -14,7 +14,7 @@ from PIL import Image
 import attnviz
 from attnviz import i18n
 from conftest import ASSETS
-from serve import MEASURE, choose_view, open_page, pick, settle, shot
+from serve import MEASURE, choose_view, open_page, pick, quiet, settle, shot
 
 LABEL = "Q/K map (every query and key)"
 CHART = ".st-key-result [data-testid='stVegaLiteChart']"
@@ -220,4 +220,19 @@ def test_the_largest_input_on_a_small_laptop_is_scaled_into_its_column_and_click
     choose_view(page, "Any query token → patches", "query")
     page.get_by_text(f"patch (row {row}, column {col})").first.wait_for(timeout=60_000)
     shot(page, "qkmap_518_laptop")
+    page.close()
+
+
+@pytest.mark.browser
+def test_the_presenter_view_opens_on_the_map_not_on_the_atlas_below_it(app_in_chromium):
+    """A link to the Q/K map in the presenter view opens with the map on the screen: the page brings a view's first
+    big picture into view (it took the tallest one, the atlas, and scrolled the map out of sight)."""
+    url, browser = app_in_chromium
+    page = open_page(browser, "projector")
+    page.goto(url + "/?view=qkmap&layer=12&head=3&query=r5c9&photo=coffee&lang=zh-TW&present=1")
+    page.locator(f"{CHART} svg.marks").first.wait_for(timeout=180_000)
+    settle(page)
+    quiet(page)
+    plot = page.locator(CHART).nth(0).bounding_box()
+    assert -0.5 <= plot["y"] < 720 / 2, plot  # the map's top on the screen, not scrolled past
     page.close()
