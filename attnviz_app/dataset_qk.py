@@ -15,8 +15,8 @@ from attnviz.errors import RunError
 
 from . import qk_scatter
 from .text import t
-from .views.common import mark_patch, token_label
-from .views.qkmap import CANVAS, measured_sentence
+from .views.common import CANVAS, mark_patch, token_label
+from .views.qkmap import measured_sentence
 
 COLOURS = ("photo", "row", "column", "cls_attention", "brightness")
 MATCHES = 8

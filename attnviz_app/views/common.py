@@ -44,9 +44,11 @@ def download_png(draw: Callable[[], Image.Image], file_name: str, key: str) -> N
 
 QUERY_COLOUR = (0, 255, 255)  # cyan: the query patch / chosen cell, visible on every colour map
 FIGURE_FONTS = ["DejaVu Sans", "Noto Sans CJK TC", "Noto Sans CJK JP"]
-# vega-embed's options, from the spec's usermeta: SVG said outright, as Streamlit draws a chart of over 2000 points
-# on a canvas, which a column narrower than the chart cannot scale (BASE_CSS scales SVG; a scaled canvas clicks wrong)
+# vega-embed's options, from the spec's usermeta. SVG said outright, as Streamlit draws a chart of over 2000 points
+# on a canvas, which a column narrower than the chart cannot scale (BASE_CSS scales SVG; a scaled canvas clicks wrong);
+# a canvas where many thousands of points must draw quickly.
 SVG = {"embedOptions": {"renderer": "svg"}}
+CANVAS = {"embedOptions": {"renderer": "canvas"}}
 CHART_PX = 512  # side of a clickable picture: fits the wide column of a 1280 px screen
 NARROW_CHART_PX = 340  # … and a phone's 358 px column
 

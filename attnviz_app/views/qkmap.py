@@ -11,13 +11,12 @@ from .. import heavy
 from ..text import t
 
 from .base import HEAD, LAYER, Context, View, register
-from .common import SVG, data_url, download_chart, selected_points, token_label
+from .common import CANVAS, SVG, data_url, download_chart, selected_points, token_label
 from .query import current_query, set_query
 
 CHART_KEY = "qk_chart"
 ATLAS_KEY = "qk_atlas"
 COLOUR_CHOICES = ("row", "column", "brightness", "hue", "cls_attention")  # "photo" is the dataset page's
-CANVAS = {"embedOptions": {"renderer": "canvas"}}  # vega-embed reads its options from the spec's usermeta
 SVG_POINTS = 3000  # up to this many points (the default model at 518 px: 2740) the map is SVG (common.SVG)
 TOP = 5  # keys drawn as lines from the chosen query
 SCATTER_PX, PRESENT_PX, NARROW_PX = 520, 420, 290  # the scatter: a desktop, a projector's 3/5 column, a phone
@@ -96,8 +95,8 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
         x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter({"param": "hover", "empty": False})
     photo = alt.layer(image, frame).properties(width=photo_side, height=photo_side, title=t("qkmap.hover_title"))
     chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
-    # Vega's canvas renderer: thousands of points draw in a fraction of SVG's time (bench/qkmap.py). A few hundred
-    # are quick in SVG too, and an SVG chart too wide for its column is scaled into it (classroom.BASE_CSS).
+    # Vega's canvas renderer: many thousands of points draw in a fraction of SVG's time (bench/qkmap.py). Up to
+    # SVG_POINTS they draw alike (docs/qk-map.md), and an SVG chart too wide for its column is scaled into it.
     return configured(chart).properties(usermeta=CANVAS if len(qk.xy) > SVG_POINTS else SVG)
 
 
