@@ -1,11 +1,13 @@
 """The Explore page's choices in its address, so that a link opens what is on the screen.
 
-``/?view=query&layer=3&head=2&query=r3c11&photo=coffee&lang=zh-TW``: a session's first run takes these choices from the
-address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
+``/?view=query&layer=3&head=2&query=r3c11&photo=coffee&size=448&lang=zh-TW``: a session's first run takes these choices
+from the address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
 presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
 as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw the session's query
-token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token. Uploads never travel: only the sample photos
-have names. A value the page does not offer is left out, and the page opens on its own default there.
+token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token. ``model`` (the Model box's value) and ``size``
+(``448``, ``native``) are written only where they are not what the page opens on, and a model is opened only where
+the server offers it (attnviz_app/ui.py's Model box checks). Uploads never travel: only the sample photos have names.
+A value the page does not offer is left out, and the page opens on its own default there.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import attnviz
 from attnviz import i18n
 from attnviz.softmax import HEAD_FUSIONS
 
-LINKED = ("view", "layer", "head", "query", "photo", "lang")  # the address's names, in the order a link writes them
+from .settings import NATIVE
+
+LINKED = ("view", "layer", "head", "query", "photo", "model", "size", "lang")  # the address's names, in the order a link writes them
 _RESTORED = "_links_restored"
 
 
@@ -38,6 +42,12 @@ def restore() -> None:
     head = asked.get("head", "")
     if head in HEAD_FUSIONS or (head.isdecimal() and 1 <= int(head) <= 999):
         st.session_state["head"] = head if head in HEAD_FUSIONS else int(head)
+    model = asked.get("model", "")
+    if 0 < len(model) <= 300:  # the Model box keeps it only where the server offers it
+        st.session_state["model_choice"] = model
+    size = asked.get("size", "")
+    if size == "native" or (size.isdecimal() and 1 <= int(size) <= 9999):  # the Size box checks it against the model
+        st.session_state["size"] = NATIVE if size == "native" else int(size)
     if "view" in asked or "query" in asked:
         from . import views  # the registry imports every view: only when a link names one
         from .views.query import follow_link
@@ -48,10 +58,13 @@ def restore() -> None:
 
 
 def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,
-            head: str | int | None = None, query: str | None = None) -> dict[str, str]:
-    """The address's values for what is shown: ``photo`` a sample's name (None for anything else), and the view,
-    layer, head and query token where the page shows them (the Swin page has none of its own: None)."""
-    said = {"view": view, "layer": layer, "head": head, "query": query, "photo": photo, "lang": lang}
+            head: str | int | None = None, query: str | None = None, model: str | None = None,
+            size: str | None = None) -> dict[str, str]:
+    """The address's values for what is shown: ``photo`` a sample's name (None for anything else), the view,
+    layer, head and query token where the page shows them (the Swin page has none of its own: None), and the
+    model and size where they are not the page's first (``Settings.linked``)."""
+    said = {"view": view, "layer": layer, "head": head, "query": query, "photo": photo, "model": model, "size": size,
+            "lang": lang}
     return {name: str(said[name]) for name in LINKED if said[name] is not None}
 
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_SIZES = (196, 224, 448, 518)  # the Size box for the offline default; other models: NATIVE, 224, 448
+NATIVE = 0  # the Size box's "the model's own size": a select box shows None as no choice ("Choose an option")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -18,3 +21,13 @@ class Settings:
     @property
     def key(self) -> tuple:
         return (self.name, self.size, self.checkpoint, self.content, self.device)
+
+    @property
+    def linked(self) -> dict[str, str]:
+        """The address's ``model`` (the Model box's value) and ``size`` (``448``, or ``native``), each left out
+        where it is what the page opens on (attnviz_app/links.py)."""
+        first = DEFAULT_SIZES[0] if self.name is None else None
+        return {
+            **({"model": self.choice} if self.choice != "default" else {}),
+            **({"size": "native" if self.size is None else str(self.size)} if self.size != first else {}),
+        }

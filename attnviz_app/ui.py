@@ -24,11 +24,9 @@ from attnviz.images import KIND_IDS, CheckedImage, ImageError
 
 from . import tuning
 from .priority import priority
-from .settings import Settings
+from .settings import DEFAULT_SIZES, NATIVE, Settings
 from .text import device_label, t
 
-DEFAULT_SIZES = (196, 224, 448, 518)
-NATIVE = 0  # the Size box's "the model's own size": a select box shows None as no choice ("Choose an option")
 CAPTURE_CACHE_ENTRIES = 12  # ≤ 12 × 54 MB at 518 px; ≤ 12 × 8 MB at 196 px
 
 

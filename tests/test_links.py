@@ -119,3 +119,26 @@ def test_a_query_the_model_does_not_have_is_left_out(asked, shown):
     at = opened(view="query", query=asked)
     assert not at.exception
     assert at.query_params["query"] == shown
+
+
+def test_a_link_names_the_input_size_where_it_is_not_the_first():
+    """The size changes the grid (32 × 32 patches at 448 px): a student's phone opens the projector's grid."""
+    at = opened(view="query", size="448", query="r30c2")
+    assert at.selectbox(key="size").value == 448
+    assert any(i18n.text("en", "analysis.patch", row=30, col=2) in h.value for h in at.subheader)  # on a 32 × 32 grid
+    assert at.query_params["size"] == "448" and at.query_params["query"] == "r30c2"
+    at.selectbox(key="size").set_value(196).run()  # the page's first size: nothing to say
+    assert "size" not in at.query_params and at.query_params["query"] == "r14c2"  # the query kept, inside 14 × 14
+    at.selectbox(key="size").set_value(518).run()
+    assert at.query_params["size"] == "518" and "model" not in at.query_params
+
+
+@pytest.mark.parametrize("params", [
+    {"model": "vit_giant_patch14_dinov2.lvd142m", "size": "300"},  # neither offered here: no downloads, no 300 px
+    {"model": "ckpt:../../etc/passwd", "size": "native"},  # the default model has no "native" size
+    {"model": "x" * 5000, "size": "-1"},
+])
+def test_a_model_or_size_the_server_does_not_offer_is_left_out(params):
+    at = opened(**params)
+    assert at.selectbox(key="model_choice").value == "default" and at.selectbox(key="size").value == 196
+    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}

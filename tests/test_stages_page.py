@@ -3,6 +3,7 @@ each stage's grid, windows outlined, a click makes a patch the query; both langu
 from __future__ import annotations
 
 import argparse
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -86,20 +87,28 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     assert "平移了 3 × 3 個 token" in " ".join(c.value for c in at.caption)
 
 
-def test_a_swin_in_the_presenter_view_has_its_join_box_and_a_link_to_its_photo(owner, monkeypatch):
-    """The Swin page has no View, Layer or Head of the Explore page's: its link names the photo and language."""
+def test_a_link_opens_a_swin_in_the_presenter_view_with_its_join_box_naming_it(owner, monkeypatch):
+    """The Swin page has no View, Layer or Head of the Explore page's: its link names the model, the photo and the
+    language, so a student's phone opens the Swin the projector shows (the link without ``model`` opened the ViT)."""
+    from attnviz_app import classroom
+
+    encoded = []
+    real = classroom.qr_png
+    monkeypatch.setattr(classroom, "qr_png", lambda url: encoded.append(url) or real(url))
     monkeypatch.setenv("ATTNVIZ_JOIN_URL", "http://attnviz.school")
     at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params.update({"present": "1", "view": "query", "layer": "3", "photo": "rocket", "lang": "zh-TW"})
-    at.session_state["model_choice"] = CHOICE  # one run: AppTest cannot run a Chinese page's select boxes again
-    at.run()
+    at.query_params.update({"present": "1", "view": "query", "layer": "3", "photo": "rocket", "model": CHOICE,
+                            "lang": "zh-TW"})
+    at.run()  # one run: AppTest cannot run a Chinese page's select boxes again
     assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="model_choice").value == CHOICE
     assert at.selectbox(key="stage").label == "階段"  # the Swin page, in the language the link named
     # what the stages are sits one click away, leaving the projector's height to the picture
     about = [e for e in at.expander if e.label == "這個模型的階段與視窗"]
     assert about and "有 4 個階段" in " ".join(i.value for i in about[0].info)
     assert any("`http://attnviz.school`" in m.value for m in at.markdown)  # the join box, as on a ViT
-    assert at.query_params == {"present": "1", "photo": "rocket", "lang": "zh-TW"}
+    assert at.query_params == {"present": "1", "photo": "rocket", "model": CHOICE, "lang": "zh-TW"}
+    assert encoded[-1] == f"http://attnviz.school/?photo=rocket&model={quote(CHOICE)}&lang=zh-TW"
 
 
 def test_the_page_numbers_are_the_library_numbers(owner):

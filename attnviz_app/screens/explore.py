@@ -67,7 +67,7 @@ def page() -> None:
                 alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit, cap_key=cap_key, present=present,
                 narrow=classroom.narrow(), recall=recall,
             ))
-        linked = links.choices(photo, st.session_state["lang"])
+        linked = links.choices(photo, st.session_state["lang"], **settings.linked)
         links.publish(linked)
         if present:
             with panel:
@@ -118,7 +118,7 @@ def page() -> None:
         if not used & {views.LAYER, views.HEAD}:
             st.caption(t("classroom.no_layer_head"))
     linked = links.choices(photo, st.session_state["lang"], chosen, layer, head,
-                           query=link_name(cap) if VIEWS[chosen].reads_query else None)
+                           query=link_name(cap) if VIEWS[chosen].reads_query else None, **settings.linked)
     links.publish(linked)
 
     with result, st.container(key="result"):
