@@ -103,8 +103,12 @@ def chromium(extra_args: list[str] = ()):
 def choose_option(page, box: str, option) -> None:
     """Open the select box whose input matches CSS ``box`` and click ``option`` (a Playwright locator) in
     its list. A click during a script re-run can be lost or leave the list closed: the list is opened
-    again (by click, then by keyboard) up to three times before the option is clicked."""
+    again (by click, then by keyboard) up to three times before the option is clicked. The box is scrolled into
+    view first: a phone's tap on a box Playwright had to scroll to focused it without opening its list (the Swin
+    page's Stage box, above the picture the page scrolls to)."""
     for _ in range(3):
+        page.locator(box).first.scroll_into_view_if_needed()
+        page.wait_for_timeout(200)
         page.locator(box).first.click()
         if not option.count():
             page.keyboard.press("ArrowDown")  # a click that focused the box without opening its list (docs/qk-map.md)

@@ -134,14 +134,16 @@ def test_the_page_numbers_are_the_library_numbers(owner):
 
 @pytest.mark.browser
 def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
-    """Owner's folder → model box → Stage/Block → query click: the heading follows the clicked patch."""
+    """Owner's folder → model box → Stage/Block → query click: the heading follows the clicked patch; a link to the
+    Swin on the projector and a phone."""
     from conftest import ROOT
-    from serve import SCREENS, chromium, open_page, pick, require_chromium, streamlit_server
+    from serve import MEASURE, SCREENS, chromium, open_page, pick, quiet, require_chromium, settle, streamlit_server
 
     require_chromium()
     shots = ROOT / "screenshots"
     shots.mkdir(exist_ok=True)
-    with streamlit_server(env={serving.ENV_CHECKPOINTS: str(swin_folder)}) as (url, _), chromium() as browser:
+    env = {serving.ENV_CHECKPOINTS: str(swin_folder), "ATTNVIZ_JOIN_URL": "http://attnviz.school"}
+    with streamlit_server(env=env) as (url, _), chromium() as browser:
         for name in SCREENS:
             touch = name == "phone"
             page = open_page(browser, name, device_scale_factor=1)
@@ -174,6 +176,23 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
                 page.screenshot(path=str(shots / f"swin_query_{name}.png"), full_page=False)
             page.wait_for_timeout(800)
             page.screenshot(path=str(shots / f"swin_query_{name}.png"), full_page=False)
+            page.close()
+        # a link opens the Swin (model=…): on the projector its picture, 500 px at 720, and the join box's QR code
+        # fit the screen without a scroll; a phone's page scrolls to the picture, as a ViT's does
+        for name, present in (("projector", "&present=1"), ("phone", "")):
+            page = open_page(browser, name, device_scale_factor=1)
+            page.goto(f"{url}/?photo=rocket&lang=zh-TW&model={quote(CHOICE)}{present}")
+            page.locator(".st-key-stage input").wait_for(timeout=180_000)
+            settle(page)
+            quiet(page, 2)
+            seen = page.evaluate(MEASURE)
+            page.screenshot(path=str(shots / f"swin_link_{name}.png"), full_page=False)
+            heat = seen["heat"]
+            assert heat is not None and heat["top"] >= 0 and heat["bottom"] <= seen["vh"] + 1, seen
+            if present:
+                assert heat["height"] >= 480, seen
+                qr = page.locator(".st-key-join img").bounding_box()
+                assert qr["y"] >= 0 and qr["y"] + qr["height"] <= seen["vh"], (qr, seen)
             page.close()
 
 

@@ -60,13 +60,14 @@ def page() -> None:
     if getattr(cap, "stages", None):  # stages and windows (Swin): Stage and Block, the grid of each stage
         from attnviz_app.views import stages
 
-        with result:
+        with result, st.container(key="result"):
             stages.show(views.Context(  # Layer and Head left as they are: the Stage view has its own per stage
                 model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=cap.num_layers - 1,
                 head="mean",
                 alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit, cap_key=cap_key, present=present,
                 narrow=classroom.narrow(), recall=recall,
-            ))
+            ), panel=panel if present else None)
+        classroom.bring_into_view(f"{cap_key[1]}:stages:{present}")  # a phone scrolls to the picture, as on a ViT
         linked = links.choices(photo, st.session_state["lang"], **settings.linked)
         links.publish(linked)
         if present:

@@ -144,9 +144,10 @@ def mark_patch(picture: Image.Image, grid: tuple[int, int], patch: tuple[int, in
     return render.outline(framed, grid, [(row, col, QUERY_COLOUR)], width)
 
 
-def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str) -> None:
-    """The colour bar under a picture, with the values at both ends and their units."""
-    st.image(render.colorbar(cmap, width=width, height=14))
+def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str, stretch: bool = False) -> None:
+    """The colour bar under a picture, with the values at both ends and their units; ``stretch``: as wide as the
+    column, under a picture drawn so (the presenter view's)."""
+    st.image(render.colorbar(cmap, width=width, height=14), width="stretch" if stretch else "content")
     st.caption(t("analysis.scale_units", lo=float(grid_map.min()), hi=float(grid_map.max()), units=units))
 
 

@@ -134,17 +134,22 @@ def query_picture(cap, view, layer: int, head, patch: tuple[int, int], alpha: fl
     return mark_patch(window_lines(picture, cap, layer, token), lay.grid, patch)
 
 
-def show(ctx: Context) -> None:
+def show(ctx: Context, panel=None) -> None:
     """The Stage view. It reads the display controls of ``ctx`` (opacity, colours, smoothing) and not its Layer and
-    Head: each stage has its own Block and Head boxes here. Its downloads get the capture back when clicked."""
+    Head: each stage has its own Block and Head boxes here. Its downloads get the capture back when clicked.
+    ``panel`` (the presenter view's side column) takes what the stages are and the four boxes, one under another,
+    as it takes Layer, Head and View on a ViT: the picture keeps the projector's height."""
     model, cap, view, narrow = ctx.model, ctx.cap, ctx.view, ctx.narrow
     alpha, cmap, smooth = ctx.alpha, ctx.cmap, ctx.smooth
     stages = cap.stages
 
-    # the presenter view keeps the projector's height for the picture: what the stages are, one click away
-    with st.expander(t("stages.about")) if ctx.present else st.container():
+    if not ctx.present:  # the presenter view keeps the projector's height for the picture: this is under it there
         st.info(intro(model, cap))
-    stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
+    if panel is not None:  # Stage; Block and Head side by side; Show: the join box's QR code stays on a 720 px screen
+        stage_col, row, what_col = panel.container(), panel.container(), panel.container()
+        block_col, head_col = row.columns(2)
+    else:
+        stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
     stage_labels = [t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0], w=cap.grid(stages[s][0])[1],
                       patch=cap.layout(stages[s][0]).patch) for s in range(len(stages))]  # the box keeps these, not cap
     stage = stage_col.selectbox(
@@ -194,9 +199,14 @@ def show(ctx: Context) -> None:
             caption = (t("stages.summary_caption", t=queries, wh=lay.window[0], ww=lay.window[1]) if lay.num_windows > 1
                        else t("stages.summary_caption_global", t=queries))
             units, name = t("stages.units_summary", uniform=1 / lay.keys.shape[1]), "received"
-        st.image(picture, width=min(picture.width, width))
-        st.caption(caption)
-        colour_scale(grid_map, cmap, min(picture.width, width), units)
+        if ctx.present:  # the projector: as large as the screen's height allows, the long caption left out
+            with st.container(key="present_heat"):  # classroom.PRESENT_CSS sizes it, as the class token's heatmap
+                st.image(picture, width="stretch")
+                colour_scale(grid_map, cmap, picture.width, units, stretch=True)
+        else:
+            st.image(picture, width=min(picture.width, width))
+            st.caption(caption)
+            colour_scale(grid_map, cmap, min(picture.width, width), units)
         download_png(ctx.deferred(summary_picture, *drawn),
                      f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_{name}.png", key="download_stage")
     else:
@@ -224,5 +234,8 @@ def show(ctx: Context) -> None:
         download_png(ctx.deferred(query_picture, *drawn),
                      f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_query{token}.png",
                      key="download_stage_query")
+    if ctx.present:
+        with st.expander(t("stages.about")):
+            st.info(intro(model, cap))
     files(model, cap, "mean", alpha, cmap, ctx.later())  # every (stage, block) as the interactive page and the GIF
     st.caption(t("stages.not_drawn"))
