@@ -18,14 +18,14 @@ PRESENT_KEY = "present"  # session key of the toggle and name of the URL paramet
 NARROW_BELOW = 768  # px: Streamlit's own breakpoint for the overlaying sidebar
 
 
-def presenting() -> bool:
+def presenting(help_key: str = "classroom.present_help") -> bool:
     """Sidebar toggle "Presenter view", kept in step with the URL parameter ``?present=1`` so the
-    teacher can bookmark it or open it straight on the projector."""
+    teacher can bookmark it or open it straight on the projector; ``help_key``: what it does on this page."""
     wanted = st.query_params.get(PRESENT_KEY) == "1"
     if st.session_state.get("_present_url") != wanted:  # the URL changed (or first run): it decides
         st.session_state[PRESENT_KEY] = wanted
         st.session_state["_present_url"] = wanted
-    on = st.sidebar.toggle(t("classroom.present"), key=PRESENT_KEY, help=t("classroom.present_help"))
+    on = st.sidebar.toggle(t("classroom.present"), key=PRESENT_KEY, help=t(help_key))
     if on != wanted:
         if on:
             st.query_params[PRESENT_KEY] = "1"
@@ -185,10 +185,11 @@ def qr_png(url: str) -> bytes:
     return buffer.getvalue()
 
 
-def join_box(linked: dict[str, str]) -> None:
+def join_box(linked: dict[str, str], page: str = "") -> None:
     """The address of this page on the room's network, and a QR code that opens it on the view shown
-    (``linked``, :func:`attnviz_app.links.choices`), for students' phones."""
-    url = join_url()
+    (``linked``, :func:`attnviz_app.links.choices`), for students' phones. ``page``: the page's path
+    (``lesson``), "" for Explore."""
+    url = join_url().rstrip("/") + (f"/{page}" if page else "")
     with st.container(key="join"):
         st.markdown(t("classroom.join", url=url))
         # 41 × 41 modules for a link with the view's choices (29 × 29 for the address alone): on a 2.5 m wide

@@ -11,7 +11,7 @@ A value the page does not offer is left out, and the page opens on its own defau
 """
 from __future__ import annotations
 
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import streamlit as st
 
@@ -79,5 +79,7 @@ def publish(linked: dict[str, str]) -> None:
 
 
 def link(base: str, linked: dict[str, str]) -> str:
-    """``base`` (a server's address) opening on ``linked``."""
-    return f"{base.rstrip('/')}/?{urlencode(linked)}" if linked else base
+    """``base`` (a server's address, or a page's: ``http://host/lesson``) opening on ``linked``."""
+    if not linked:
+        return base
+    return f"{base.rstrip('/')}{'' if urlsplit(base).path.strip('/') else '/'}?{urlencode(linked)}"

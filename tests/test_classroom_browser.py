@@ -194,3 +194,36 @@ def test_presenter_view_grows_with_a_full_hd_projector(app_in_chromium):
     assert qr["width"] >= 200 and qr["y"] + qr["height"] <= 1080, qr
     shot(page, "present_1080_cls_en")
     page.close()
+
+
+@pytest.mark.browser
+def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in_chromium):
+    """``/lesson?present=1``: no sidebar or title, type at 20 px or more, Layer, Head, the join box and the first
+    step's tabs on one 1280 × 720 screen; the address (the QR code's link, less ``present``) opens the same lesson,
+    photo and language on a phone."""
+    url, browser = app_in_chromium
+    page = open_page(browser, "projector")
+    page.goto(url + "/lesson?present=1&photo=rocket&lang=zh-TW")
+    page.locator(".st-key-join img").wait_for(timeout=180_000)
+    settle(page)
+    assert page.locator("[data-testid='stSidebar']").is_hidden() and page.locator("h1").count() == 0
+    tab = page.get_by_role("tab").first
+    for where in (page.locator(".st-key-lesson_layer"), page.locator(".st-key-join"), tab):
+        b = where.bounding_box()
+        assert b["y"] >= 0 and b["y"] + b["height"] <= 720, b
+    sizes = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stWidgetLabel"] p, [data-testid="stMarkdownContainer"] li')]
+        .filter(e => e.getBoundingClientRect().height > 0).map(e => parseFloat(getComputedStyle(e).fontSize))""")
+    assert sizes and min(sizes) >= 20, sizes
+    assert "/lesson" in page.locator(".st-key-join code").inner_text()
+    assert page.url == url + "/lesson?present=1&photo=rocket&lang=zh-TW"  # what the QR code opens, with present
+    shot(page, "present_lesson_zh")
+    page.close()
+
+    phone = open_page(browser, "phone")
+    phone.goto(url + "/lesson?photo=rocket&lang=zh-TW")
+    phone.get_by_text("課程：注意力如何運作").first.wait_for(timeout=180_000)
+    settle(phone)
+    assert phone.locator(".st-key-sample input").input_value() == "火箭發射"
+    assert phone.locator("[data-testid='stSidebar']").is_hidden() or phone.locator("h1").count() == 1
+    shot(phone, "lesson_link_phone_zh")
+    phone.close()

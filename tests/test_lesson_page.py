@@ -109,3 +109,26 @@ def test_language_switch_after_running_the_test_in_a_real_browser():
         assert rank_by.input_value() == i18n.text("zh-TW", "lesson.explain.mean_heads")
         checked = page.locator("[data-testid=stRadio] input[type=radio]:checked")
         assert checked.count() >= 3  # photo source, fit, removal fill
+
+
+def test_the_lessons_presenter_view_has_a_join_box_that_opens_the_lesson(monkeypatch):
+    """``/lesson?present=1``: no title, a Leave button, and a join box whose QR code opens the lesson (not Explore) on
+    the photo and language shown; the address holds the same choices; leaving brings the title back."""
+    from attnviz_app import classroom
+
+    encoded = []
+    real = classroom.qr_png
+    monkeypatch.setattr(classroom, "qr_png", lambda url: encoded.append(url) or real(url))
+    monkeypatch.setenv("ATTNVIZ_JOIN_URL", "http://attnviz.school")
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"present": "1", "photo": "rocket", "lang": "en"})
+    at.switch_page("screens/lesson.py").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert not at.title and at.toggle(key="present").value
+    assert any("`http://attnviz.school/lesson`" in m.value for m in at.markdown)
+    assert encoded[-1] == "http://attnviz.school/lesson?photo=rocket&lang=en"
+    assert at.query_params == {"present": "1", "photo": "rocket", "lang": "en"}
+    assert at.selectbox(key="sample").value == "rocket"
+    at.button(key="leave_present").click().run()
+    assert [t.value for t in at.title] == [i18n.text("en", "lesson.title")] and "present" not in at.query_params
+    assert not any("attnviz.school" in m.value for m in at.markdown)  # no join box on the ordinary page

@@ -16,13 +16,14 @@ with startup.importing():
     import pandas as pd
     from PIL import Image, ImageDraw, ImageFont
 
-    from attnviz_app import classroom, heavy, sources, ui
+    from attnviz_app import classroom, heavy, links, sources, ui
     from attnviz import Capture, Model, lesson, render
     from attnviz_app.text import t
 
 CMAP = "inferno"
 QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
 DISPLAY_PX = 392
+LESSON_PATH = "lesson"  # this page's address (Streamlit names it after the file): the join box's QR code opens it
 
 
 # --- Small drawing helpers (pictures only; every number comes from attnviz.lesson) -------------
@@ -407,17 +408,32 @@ def all_maps(model: Model, cap: Capture, key: tuple) -> None:
 
 def page() -> None:
     """The page, in a function, as Explore's: the run's capture and pictures go when it returns."""
-    classroom.chrome(present=False)
+    present = classroom.presenting("classroom.present_help_lesson")
+    classroom.chrome(present)
     settings = ui.model_settings()
 
-    st.title(t("lesson.title"))
-    st.caption(t("lesson.subtitle"))
+    if present:  # the projector: no title, larger type, the photo's controls folded, the join box on the right
+        photo_col, choice_col, panel = st.columns([0.9, 1.5, 1.6], gap="medium")
+        panel.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting, type="tertiary",
+                     icon=":material/close_fullscreen:")
+        photo_place = choice_col.expander(t("input.source"))
+    else:
+        st.title(t("lesson.title"))
+        st.caption(t("lesson.subtitle"))
+        photo_col, choice_col = st.columns([1, 3])
+        photo_place = choice_col
 
     model = ui.model_or_stop(settings)
-    photo_col, choice_col = st.columns([1, 3])
-    checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=choice_col, more=sources.MORE)
+    checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE)
+    photo = st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
+    linked = links.choices(photo, st.session_state["lang"], **settings.linked)
+    links.publish(linked)  # the address opens this lesson on this photo, model and language
+    if present:
+        with panel:
+            classroom.join_box(linked, page=LESSON_PATH)
     view = model.view(checked.image, settings.fit)
-    photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]))
+    photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]),
+                    width=min(view.width, 280))  # its own size: a phone's one column no longer stretches it to the full width
     with choice_col:
         layer_col, head_col = st.columns(2)
         layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, cap.num_layers, key="lesson_layer") - 1
