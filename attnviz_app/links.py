@@ -4,7 +4,8 @@
 from the address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
 presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
 as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw the session's query
-token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token. ``model`` (the Model box's value) and ``size``
+token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token; on the lesson (``/lesson?step=4&layer=12&head=1``)
+``step`` is its tab, and ``layer`` and ``head`` its own Layer and Head. ``model`` (the Model box's value) and ``size``
 (``448``, ``native``) are written only where they are not what the page opens on, and a model is opened only where
 the server offers it (attnviz_app/ui.py's Model box checks). Uploads never travel: only the sample photos have names.
 A value the page does not offer is left out, and the page opens on its own default there.
@@ -21,8 +22,11 @@ from attnviz.softmax import HEAD_FUSIONS
 
 from .settings import NATIVE
 
-LINKED = ("view", "layer", "head", "query", "photo", "model", "size", "lang")  # the address's names, in the order a link writes them
+LINKED = ("view", "layer", "head", "query", "step", "photo", "model", "size", "lang")  # in the order a link writes them
 _RESTORED = "_links_restored"
+# The lesson's Layer slider, its Head box's remembered choice and its step tab (screens/lesson.py): a link's
+# layer, head and step open the lesson there
+LESSON_LAYER, LESSON_HEAD, LESSON_STEP = "lesson_layer", "lesson_head", "lesson_step"
 
 
 def restore() -> None:
@@ -38,10 +42,15 @@ def restore() -> None:
         st.session_state["source"], st.session_state["sample"] = "sample", asked["photo"]
     layer = asked.get("layer", "")
     if layer.isdecimal() and 1 <= int(layer) <= 999:
-        st.session_state["layer"] = int(layer)
+        st.session_state["layer"] = st.session_state[LESSON_LAYER] = int(layer)
     head = asked.get("head", "")
     if head in HEAD_FUSIONS or (head.isdecimal() and 1 <= int(head) <= 999):
         st.session_state["head"] = head if head in HEAD_FUSIONS else int(head)
+        if head.isdecimal():  # the lesson's Head box counts from 0 and has no mean, max or min
+            st.session_state[f"{LESSON_HEAD}.choice"] = int(head) - 1
+    step = asked.get("step", "")
+    if step.isdecimal() and 1 <= int(step) <= 99:  # the lesson checks it against its steps
+        st.session_state[f"{LESSON_STEP}.choice"] = int(step) - 1
     model = asked.get("model", "")
     if 0 < len(model) <= 300:  # the Model box keeps it only where the server offers it
         st.session_state["model_choice"] = model
@@ -58,13 +67,13 @@ def restore() -> None:
 
 
 def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,
-            head: str | int | None = None, query: str | None = None, model: str | None = None,
-            size: str | None = None) -> dict[str, str]:
+            head: str | int | None = None, query: str | None = None, step: int | None = None,
+            model: str | None = None, size: str | None = None) -> dict[str, str]:
     """The address's values for what is shown: ``photo`` a sample's name (None for anything else), the view,
-    layer, head and query token where the page shows them (the Swin page has none of its own: None), and the
-    model and size where they are not the page's first (``Settings.linked``)."""
-    said = {"view": view, "layer": layer, "head": head, "query": query, "photo": photo, "model": model, "size": size,
-            "lang": lang}
+    layer, head, query token and lesson step where the page shows them (the Swin page has none of its own: None),
+    and the model and size where they are not the page's first (``Settings.linked``)."""
+    said = {"view": view, "layer": layer, "head": head, "query": query, "step": step, "photo": photo, "model": model,
+            "size": size, "lang": lang}
     return {name: str(said[name]) for name in LINKED if said[name] is not None}
 
 

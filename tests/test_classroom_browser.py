@@ -6,6 +6,8 @@ Phone photos (a rotated 12-megapixel JPEG, an iPhone HEIC) go through the real u
 """
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, urlsplit
+
 import pytest
 
 from make_corpus import entries
@@ -199,8 +201,8 @@ def test_presenter_view_grows_with_a_full_hd_projector(app_in_chromium):
 @pytest.mark.browser
 def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in_chromium):
     """``/lesson?present=1``: no sidebar or title, type at 20 px or more, Layer, Head, the join box and the first
-    step's tabs on one 1280 × 720 screen; the address (the QR code's link, less ``present``) opens the same lesson,
-    photo and language on a phone."""
+    step's tabs on one 1280 × 720 screen; the address follows the step shown, and (the QR code's link, less
+    ``present``) opens the same step, photo and language on a phone."""
     url, browser = app_in_chromium
     page = open_page(browser, "projector")
     page.goto(url + "/lesson?present=1&photo=rocket&lang=zh-TW")
@@ -215,15 +217,21 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
         .filter(e => e.getBoundingClientRect().height > 0).map(e => parseFloat(getComputedStyle(e).fontSize))""")
     assert sizes and min(sizes) >= 20, sizes
     assert "/lesson" in page.locator(".st-key-join code").inner_text()
-    assert page.url == url + "/lesson?present=1&photo=rocket&lang=zh-TW"  # what the QR code opens, with present
     shot(page, "present_lesson_zh")
+    page.get_by_role("tab").nth(3).click()  # step 4: the address, so the QR code, follows the step shown
+    page.wait_for_url("**step=4**", timeout=60_000)
+    settle(page)
+    address = urlsplit(page.url)
+    assert address.path == "/lesson" and dict(parse_qsl(address.query)) == {
+        "present": "1", "layer": "12", "head": "1", "step": "4", "photo": "rocket", "lang": "zh-TW"}
     page.close()
 
     phone = open_page(browser, "phone")
-    phone.goto(url + "/lesson?photo=rocket&lang=zh-TW")
+    phone.goto(url + "/lesson?layer=12&head=1&step=4&photo=rocket&lang=zh-TW")  # what the QR code opens
     phone.get_by_text("課程：注意力如何運作").first.wait_for(timeout=180_000)
     settle(phone)
     assert phone.locator(".st-key-sample input").input_value() == "火箭發射"
+    assert phone.get_by_role("tab", selected=True).inner_text().startswith("4")
     assert phone.locator("[data-testid='stSidebar']").is_hidden() or phone.locator("h1").count() == 1
     shot(phone, "lesson_link_phone_zh")
     phone.close()

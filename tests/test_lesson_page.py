@@ -126,9 +126,31 @@ def test_the_lessons_presenter_view_has_a_join_box_that_opens_the_lesson(monkeyp
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     assert not at.title and at.toggle(key="present").value
     assert any("`http://attnviz.school/lesson`" in m.value for m in at.markdown)
-    assert encoded[-1] == "http://attnviz.school/lesson?photo=rocket&lang=en"
-    assert at.query_params == {"present": "1", "photo": "rocket", "lang": "en"}
+    assert encoded[-1] == "http://attnviz.school/lesson?layer=12&head=1&step=1&photo=rocket&lang=en"
+    assert at.query_params == {"present": "1", "layer": "12", "head": "1", "step": "1", "photo": "rocket", "lang": "en"}
     assert at.selectbox(key="sample").value == "rocket"
     at.button(key="leave_present").click().run()
     assert [t.value for t in at.title] == [i18n.text("en", "lesson.title")] and "present" not in at.query_params
     assert not any("attnviz.school" in m.value for m in at.markdown)  # no join box on the ordinary page
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_a_link_opens_the_lessons_step_layer_and_head(lang):
+    """``/lesson?step=4&layer=5&head=3``: the fourth step's tab, layer 5 and head 3 (whose numbers the step shows)."""
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"step": "4", "layer": "5", "head": "3", "lang": lang})
+    at.switch_page("screens/lesson.py").run()
+    assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
+    assert at.session_state[f"lesson_step.{lang}"] == i18n.text(lang, "lesson.tab4")
+    assert at.slider(key="lesson_layer").value == 5 and at.selectbox(key=f"lesson_head.{lang}").value == 2
+    assert at.query_params == {"layer": "5", "head": "3", "step": "4", "photo": "cat", "lang": lang}
+
+
+def test_a_lesson_link_with_values_it_does_not_offer_opens_its_first_step():
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"step": "9", "layer": "40", "head": "99", "lang": "en"})
+    at.switch_page("screens/lesson.py").run()
+    assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
+    assert at.session_state["lesson_step.en"] == i18n.text("en", "lesson.tab1")
+    assert at.slider(key="lesson_layer").value == 12 and at.selectbox(key="lesson_head.en").value == 0
+    assert at.query_params == {"layer": "12", "head": "1", "step": "1", "photo": "cat", "lang": "en"}

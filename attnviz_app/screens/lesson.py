@@ -53,6 +53,19 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
     return value
 
 
+def step_tabs(labels: list[str]):
+    """The lesson's tabs, the one shown remembered as a number that survives a language switch (the tabs' key
+    carries the language, as :func:`remembered_choice`'s) and a link's ``step``: (the tabs, the step shown)."""
+    memory = f"{links.LESSON_STEP}.choice"
+    kept = st.session_state.get(memory, 0)
+    kept = kept if isinstance(kept, int) and 0 <= kept < len(labels) else 0
+    key = f"{links.LESSON_STEP}.{st.session_state.get('lang', 'en')}"
+    tabs = st.tabs(labels, key=key, on_change="rerun", default=labels[kept])  # a new step reruns: the address follows
+    step = labels.index(st.session_state[key]) if st.session_state.get(key) in labels else kept
+    st.session_state[memory] = step
+    return tabs, step
+
+
 def pair_squares(sizes: list[tuple[str, int]], side: int = 360) -> Image.Image:
     """Nested N × N squares drawn to scale: each one's area is one head's number of query–key pairs."""
     picture = Image.new("RGB", (side, side), "white")
@@ -425,22 +438,26 @@ def page() -> None:
 
     model = ui.model_or_stop(settings)
     checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE)
-    photo = st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
-    linked = links.choices(photo, st.session_state["lang"], **settings.linked)
-    links.publish(linked)  # the address opens this lesson on this photo, model and language
-    if present:
-        with panel:
-            classroom.join_box(linked, page=LESSON_PATH)
     view = model.view(checked.image, settings.fit)
     photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]),
                     width=min(view.width, 280))  # its own size: a phone's one column no longer stretches it to the full width
     with choice_col:
         layer_col, head_col = st.columns(2)
-        layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, cap.num_layers, key="lesson_layer") - 1
-        head = remembered_choice(head_col.selectbox, t("lesson.head"), list(range(cap.num_heads)), key="lesson_head",
+        if not 1 <= st.session_state.get(links.LESSON_LAYER, 1) <= cap.num_layers:  # a link's, or a bigger model's
+            st.session_state.pop(links.LESSON_LAYER)
+        ui.first_value(links.LESSON_LAYER, cap.num_layers)
+        layer = layer_col.slider(t("lesson.layer"), 1, cap.num_layers, key=links.LESSON_LAYER) - 1
+        head = remembered_choice(head_col.selectbox, t("lesson.head"), list(range(cap.num_heads)), key=links.LESSON_HEAD,
                                  format_func=lambda h: t("lesson.head_n", n=h + 1))
 
-    tabs = st.tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
+    tabs, step = step_tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
+    photo = st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
+    linked = links.choices(photo, st.session_state["lang"], layer=layer + 1, head=head + 1, step=step + 1,
+                           **settings.linked)
+    links.publish(linked)  # the address opens this step of the lesson, on this photo, layer, head and language
+    if present:
+        with panel:
+            classroom.join_box(linked, page=LESSON_PATH)
     with tabs[0]:
         step_qkv(model, cap, layer, head)
     with tabs[1]:
