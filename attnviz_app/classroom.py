@@ -149,6 +149,33 @@ SCROLL_JS = """
 """
 
 
+# Scroll the element CSS ``selector`` finds to the top of the screen once the run is over (a phone
+# opening a link to the lesson's fourth step sees that step, not the title two screens above it).
+TOP_JS = """
+<script>
+(() => {
+  const started = Date.now();
+  const timer = setInterval(() => {
+    if (Date.now() - started > 20000) return clearInterval(timer);
+    if (Date.now() - started < 300 || document.querySelector('[data-testid="stStatusWidget"]')) return;
+    const element = document.querySelector('%(selector)s');
+    if (!element || ![...document.images].every((i) => i.complete)) return;  // a picture above may still move it
+    clearInterval(timer);
+    element.style.scrollMarginTop = "3.75rem";  // below the page's header bar
+    element.scrollIntoView({block: "start", behavior: "instant"});
+    // a row of tabs wider than a phone: its chosen tab into view sideways too
+    element.querySelector('[role="tab"][aria-selected="true"]')?.scrollIntoView({block: "nearest", inline: "nearest"});
+  }, 100);
+})();
+</script>
+"""
+
+
+def bring_to_top(selector: str) -> None:
+    """Scroll the element CSS ``selector`` finds to the top of the screen, once this run is drawn."""
+    st.html(TOP_JS % {"selector": selector.replace("'", "\\'")}, unsafe_allow_javascript=True)
+
+
 def chrome(present: bool) -> None:
     """The page's CSS and browser behaviour; call once per run, before anything is drawn in the main area."""
     css = BASE_CSS + (PRESENT_CSS if present else "")

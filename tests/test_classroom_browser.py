@@ -202,7 +202,7 @@ def test_presenter_view_grows_with_a_full_hd_projector(app_in_chromium):
 def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in_chromium):
     """``/lesson?present=1``: no sidebar or title, type at 20 px or more, Layer, Head, the join box and the first
     step's tabs on one 1280 × 720 screen; the address follows the step shown, and (the QR code's link, less
-    ``present``) opens the same step, photo and language on a phone."""
+    ``present``) opens the same step, photo and language on a phone, scrolled to the steps."""
     url, browser = app_in_chromium
     page = open_page(browser, "projector")
     page.goto(url + "/lesson?present=1&photo=rocket&lang=zh-TW")
@@ -231,7 +231,10 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
     phone.get_by_text("課程：注意力如何運作").first.wait_for(timeout=180_000)
     settle(phone)
     assert phone.locator(".st-key-sample input").input_value() == "火箭發射"
-    assert phone.get_by_role("tab", selected=True).inner_text().startswith("4")
+    tab = phone.get_by_role("tab", selected=True)
+    assert tab.inner_text().startswith("4")
+    box = tab.bounding_box()  # the page opens scrolled to the steps, not on the title two screens above them
+    assert 0 <= box["y"] and box["y"] + box["height"] <= 844 / 3 and 0 <= box["x"] and box["x"] + box["width"] <= 390, box
     assert phone.locator("[data-testid='stSidebar']").is_hidden() or phone.locator("h1").count() == 1
     shot(phone, "lesson_link_phone_zh")
     phone.close()

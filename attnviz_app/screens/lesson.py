@@ -458,6 +458,10 @@ def page() -> None:
     if present:
         with panel:
             classroom.join_box(linked, page=LESSON_PATH)
+    opened = not st.session_state.get("_lesson_opened")
+    st.session_state["_lesson_opened"] = True
+    if opened and step and not present:  # opened on a later step (a link, the QR code): that step first, on a phone too
+        classroom.bring_to_top(f'[class*="st-key-{links.LESSON_STEP}-"]')
     with tabs[0]:
         step_qkv(model, cap, layer, head)
     with tabs[1]:
