@@ -1,7 +1,7 @@
-"""The Explore page's choices in its address, so that a link opens what is on the screen.
+"""The Explore page's and the lesson's choices in their address, so that a link opens what is on the screen.
 
 ``/?view=query&layer=3&head=2&query=r3c11&photo=coffee&size=448&lang=zh-TW``: a session's first run takes these choices
-from the address, before any widget is drawn, and every Explore run writes them back, so the address bar (and the
+from the address, before any widget is drawn, and every Explore or lesson run writes them back, so the address bar (and the
 presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
 as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw the session's query
 token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token; on the lesson (``/lesson?step=4&layer=12&head=1``)
