@@ -15,13 +15,14 @@ def main() -> None:
     st.set_page_config(page_title="attnviz", page_icon="👁", layout="wide")
     with startup.importing():  # torch, timm and the model's code: ~5 s on the server's first run
         from . import links, tuning, ui
-        from .text import t
+        from .text import t, widget_words
 
         tuning.serve()  # once per process, whatever started the server (attnviz_app/tuning.py)
 
     links.restore()  # a link's choices (?view=…&layer=…), on the session's first run
     ui.keep_choices()
     ui.language_picker()
+    widget_words()  # Streamlit's own English words in its uploader and camera, in the page's language
     page = st.navigation([
         st.Page(PAGES / "explore.py", title=t("nav.explore"), icon=":material/visibility:", default=True),
         st.Page(PAGES / "lesson.py", title=t("nav.lesson"), icon=":material/school:"),

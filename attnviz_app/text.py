@@ -1,6 +1,8 @@
 """The page's words in the language this browser session chose."""
 from __future__ import annotations
 
+import json
+
 import streamlit as st
 
 from attnviz import i18n
@@ -16,3 +18,52 @@ def device_label(device: object) -> str:
     name = str(device)
     kind = name.split(":")[0]
     return t("model.device_cuda", device=name) if kind == "cuda" else t("model.device_cpu") if kind == "cpu" else name
+
+
+# Streamlit writes a few words of its own widgets in English whatever the page's language (the uploader's "Upload" and
+# "50MB per file", the camera's "Take Photo"; streamlit/streamlit#13500). Once per language, this script rewrites those
+# text nodes inside the two widgets, whole nodes only, and keeps doing so as Streamlit redraws them; back in English it
+# puts Streamlit's words back.
+WIDGET_WORDS_JS = """
+<style>
+/* an element that only runs a script (this one, the classroom's) takes no room: it left a 16 px gap above the page */
+[data-testid="stElementContainer"]:has(> [data-testid="stHtml"] > script):not(:has(> [data-testid="stHtml"] > :not(script, style))) {
+  display: none; }
+</style>
+<script>
+(() => {
+  window.__attnvizWords = %(rules)s.map(([pattern, text]) => [new RegExp(pattern), text]);
+  const widgets = '[data-testid="stFileUploader"], [data-testid="stCameraInput"]';
+  const rewrite = () => {
+    for (const widget of document.querySelectorAll(widgets)) {
+      const walker = document.createTreeWalker(widget, NodeFilter.SHOW_TEXT);
+      for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        // Streamlit's own words: what it wrote last, unless it has written something else since
+        const own = node.nodeValue === node.__attnvizWritten ? node.__attnvizOwn : node.nodeValue;
+        let text = own;
+        for (const [pattern, words] of window.__attnvizWords) text = text.replace(pattern, words);
+        node.__attnvizOwn = own;
+        node.__attnvizWritten = text;
+        if (node.nodeValue !== text) node.nodeValue = text;
+      }
+    }
+  };
+  rewrite();
+  if (!window.__attnvizWordsObserver) {
+    window.__attnvizWordsObserver = new MutationObserver(rewrite);
+    window.__attnvizWordsObserver.observe(document.body, {childList: true, subtree: true, characterData: true});
+  }
+})();
+</script>
+"""
+
+
+def widget_words() -> None:
+    """Streamlit's English words in its uploader and camera widgets, in this session's language (``streamlit.*``;
+    ``$1`` in a translation is the number the pattern caught)."""
+    rules = [(f"^{pattern}$", t(f"streamlit.{key}")) for key, pattern in (
+        ("upload", "Upload"), ("per_file", r"(\d+(?:\.\d+)?)MB per file"), ("take_photo", "Take Photo"),
+        ("clear_photo", " ?Clear photo"), ("uploading", r"Uploading\.\.\."), ("drop_here", "Drag and drop a file here"),
+        ("camera_asks", r"This app would like to use your camera\."), ("camera_how", r"Learn how to allow access\."),
+    )]
+    st.html(WIDGET_WORDS_JS % {"rules": json.dumps(rules, ensure_ascii=False)}, unsafe_allow_javascript=True)

@@ -238,3 +238,41 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
     assert phone.locator("[data-testid='stSidebar']").is_hidden() or phone.locator("h1").count() == 1
     shot(phone, "lesson_link_phone_zh")
     phone.close()
+
+
+@pytest.mark.browser
+def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app_in_chromium):
+    """Streamlit writes "Upload", "50MB per file" and "Take Photo" in English only: on a Chinese page they are
+    Chinese (attnviz_app/text.py, widget_words), and back in English they are Streamlit's words again; the elements
+    that only run a script leave no gap above the title."""
+    from serve import CHROMIUM_FLAGS, FAKE_CAMERA_FLAGS, chromium_path, choose_option
+
+    url, running = app_in_chromium
+    browser = running.browser_type.launch(executable_path=chromium_path(), args=[*CHROMIUM_FLAGS, *FAKE_CAMERA_FLAGS])
+    try:
+        page = open_page(browser, "desktop")
+        page.goto(url + "/?lang=zh-TW")
+        page.locator(".st-key-source").wait_for(timeout=180_000)
+        settle(page)
+        gap = page.evaluate("""() => document.querySelector('h1').getBoundingClientRect().top -
+            document.querySelector('[data-testid=stMainBlockContainer]').getBoundingClientRect().top""")
+        assert gap < 100, gap  # 96 px; each script's element added 16 more
+        page.locator(".st-key-source label").filter(has_text="上傳照片").click()
+        dropzone = page.locator("[data-testid=stFileUploaderDropzone]")
+        dropzone.wait_for(timeout=60_000)
+        page.wait_for_function("() => document.querySelector('[data-testid=stFileUploaderDropzone]').innerText.includes('上傳')")
+        words = dropzone.inner_text()
+        assert "上傳" in words and "每個檔案最多 50 MB" in words and "Upload" not in words and "per file" not in words, words
+        page.locator(".st-key-source label").filter(has_text="拍一張照片").click()
+        camera = page.locator("[data-testid=stCameraInput] button").filter(has_text="拍照")
+        camera.wait_for(timeout=60_000)
+        assert "Take Photo" not in page.locator("[data-testid=stCameraInput]").inner_text()
+        choose_option(page, ".st-key-lang input", page.get_by_role("option", name="English"))
+        page.locator("[data-testid=stCameraInput] button").filter(has_text="Take Photo").wait_for(timeout=60_000)
+        page.locator(".st-key-source label").filter(has_text="Upload a photo").click()
+        page.wait_for_function("() => /50MB per file/.test(document.querySelector('[data-testid=stFileUploaderDropzone]')?.innerText)",
+                               timeout=60_000)
+        assert "上傳" not in page.locator("[data-testid=stFileUploaderDropzone]").inner_text()
+        page.close()
+    finally:
+        browser.close()
