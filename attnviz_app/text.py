@@ -21,8 +21,8 @@ def device_label(device: object) -> str:
 
 
 # Streamlit writes a few words of its own widgets in English whatever the page's language (the uploader's "Upload" and
-# "50MB per file", the camera's "Take Photo"; streamlit/streamlit#13500). Once per language, this script rewrites those
-# text nodes inside the two widgets, whole nodes only, and keeps doing so as Streamlit redraws them; back in English it
+# "50MB per file", the camera's "Take Photo", the keyboard's "Skip to main content" link; streamlit/streamlit#13500). Once per language, this script rewrites those
+# text nodes inside those widgets, whole nodes only, and keeps doing so as Streamlit redraws them; back in English it
 # puts Streamlit's words back.
 WIDGET_WORDS_JS = """
 <style>
@@ -33,7 +33,7 @@ WIDGET_WORDS_JS = """
 <script>
 (() => {
   window.__attnvizWords = %(rules)s.map(([pattern, text]) => [new RegExp(pattern), text]);
-  const widgets = '[data-testid="stFileUploader"], [data-testid="stCameraInput"]';
+  const widgets = '[data-testid="stFileUploader"], [data-testid="stCameraInput"], [data-testid="stSkipToContent"]';
   const rewrite = () => {
     for (const widget of document.querySelectorAll(widgets)) {
       const walker = document.createTreeWalker(widget, NodeFilter.SHOW_TEXT);
@@ -59,11 +59,12 @@ WIDGET_WORDS_JS = """
 
 
 def widget_words() -> None:
-    """Streamlit's English words in its uploader and camera widgets, in this session's language (``streamlit.*``;
+    """Streamlit's English words in its uploader, its camera and its skip link, in this session's language (``streamlit.*``;
     ``$1`` in a translation is the number the pattern caught)."""
     rules = [(f"^{pattern}$", t(f"streamlit.{key}")) for key, pattern in (
         ("upload", "Upload"), ("per_file", r"(\d+(?:\.\d+)?)MB per file"), ("take_photo", "Take Photo"),
         ("clear_photo", " ?Clear photo"), ("uploading", r"Uploading\.\.\."), ("drop_here", "Drag and drop a file here"),
         ("camera_asks", r"This app would like to use your camera\."), ("camera_how", r"Learn how to allow access\."),
+        ("skip", "Skip to main content"),
     )]
     st.html(WIDGET_WORDS_JS % {"rules": json.dumps(rules, ensure_ascii=False)}, unsafe_allow_javascript=True)

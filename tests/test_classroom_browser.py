@@ -257,6 +257,7 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
         gap = page.evaluate("""() => document.querySelector('h1').getBoundingClientRect().top -
             document.querySelector('[data-testid=stMainBlockContainer]').getBoundingClientRect().top""")
         assert gap < 100, gap  # 96 px; each script's element added 16 more
+        assert page.locator("[data-testid=stSkipToContent]").inner_text() == "跳到主要內容"  # the keyboard's first stop
         page.locator(".st-key-source label").filter(has_text="上傳照片").click()
         dropzone = page.locator("[data-testid=stFileUploaderDropzone]")
         dropzone.wait_for(timeout=60_000)
