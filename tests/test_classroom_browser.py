@@ -218,6 +218,9 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
     assert sizes and min(sizes) >= 20, sizes
     assert "/lesson" in page.locator(".st-key-join code").inner_text()
     shot(page, "present_lesson_zh")
+    page.locator("body").press("ArrowRight")  # a remote clicker's →: step 2
+    page.wait_for_url("**step=2**", timeout=60_000)
+    assert page.get_by_role("tab", selected=True).inner_text().startswith("2")
     page.get_by_role("tab").nth(3).click()  # step 4: the address, so the QR code, follows the step shown
     page.wait_for_url("**step=4**", timeout=60_000)
     settle(page)

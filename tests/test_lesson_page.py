@@ -129,6 +129,13 @@ def test_the_lessons_presenter_view_has_a_join_box_that_opens_the_lesson(monkeyp
     assert encoded[-1] == "http://attnviz.school/lesson?layer=12&head=1&step=1&photo=rocket&lang=en"
     assert at.query_params == {"present": "1", "layer": "12", "head": "1", "step": "1", "photo": "rocket", "lang": "en"}
     assert at.selectbox(key="sample").value == "rocket"
+    at.button(key="step_next").click().run()  # the presenter's → (a remote clicker's) walks the steps
+    at.button(key="step_next").click().run()
+    assert at.session_state["lesson_step.en"] == i18n.text("en", "lesson.tab3") and at.query_params["step"] == "3"
+    assert encoded[-1] == "http://attnviz.school/lesson?layer=12&head=1&step=3&photo=rocket&lang=en"
+    for _ in range(3):
+        at.button(key="step_prev").click().run()
+    assert at.session_state["lesson_step.en"] == i18n.text("en", "lesson.tab1")  # none before the first
     at.button(key="leave_present").click().run()
     assert [t.value for t in at.title] == [i18n.text("en", "lesson.title")] and "present" not in at.query_params
     assert not any("attnviz.school" in m.value for m in at.markdown)  # no join box on the ordinary page

@@ -53,17 +53,33 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
     return value
 
 
-def step_tabs(labels: list[str]):
-    """The lesson's tabs, the one shown remembered as a number that survives a language switch (the tabs' key
-    carries the language, as :func:`remembered_choice`'s) and a link's ``step``: (the tabs, the step shown)."""
-    memory = f"{links.LESSON_STEP}.choice"
-    kept = st.session_state.get(memory, 0)
-    kept = kept if isinstance(kept, int) and 0 <= kept < len(labels) else 0
+STEP_MEMORY = f"{links.LESSON_STEP}.choice"  # the step shown, as a number: it outlives the tabs' translated labels
+
+
+def shown_step(labels: list[str]) -> tuple[str, int]:
+    """The tabs' key (it carries the language, as :func:`remembered_choice`'s) and the step shown: the tabs' own
+    choice, else the remembered one (a language switch, a link's ``step``), else the first."""
     key = f"{links.LESSON_STEP}.{st.session_state.get('lang', 'en')}"
-    tabs = st.tabs(labels, key=key, on_change="rerun", default=labels[kept])  # a new step reruns: the address follows
-    step = labels.index(st.session_state[key]) if st.session_state.get(key) in labels else kept
-    st.session_state[memory] = step
+    if st.session_state.get(key) in labels:
+        return key, labels.index(st.session_state[key])
+    kept = st.session_state.get(STEP_MEMORY, 0)
+    return key, kept if isinstance(kept, int) and 0 <= kept < len(labels) else 0
+
+
+def step_tabs(labels: list[str]):
+    """The lesson's tabs, at the step shown (:func:`shown_step`): (the tabs, the step shown)."""
+    key, step = shown_step(labels)
+    tabs = st.tabs(labels, key=key, on_change="rerun",  # a new step reruns: the address follows
+                   default=None if key in st.session_state else labels[step])
+    st.session_state[STEP_MEMORY] = step
     return tabs, step
+
+
+def next_step(labels: list[str], by: int) -> None:
+    """Button callback (and the presenter's ←/→ shortcuts): the previous or next step, none past either end."""
+    key, step = shown_step(labels)
+    step = min(max(step + by, 0), len(labels) - 1)
+    st.session_state[key], st.session_state[STEP_MEMORY] = labels[step], step
 
 
 def pair_squares(sizes: list[tuple[str, int]], side: int = 360) -> Image.Image:
@@ -425,10 +441,14 @@ def page() -> None:
     classroom.chrome(present)
     settings = ui.model_settings()
 
+    labels = [t(f"lesson.tab{i}") for i in range(1, 8)]
     if present:  # the projector: no title, larger type, the photo's controls folded, the join box on the right
         photo_col, choice_col, panel = st.columns([0.9, 1.5, 1.6], gap="medium")
         panel.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting, type="tertiary",
                      icon=":material/close_fullscreen:")
+        for column, key, by, shortcut in zip(panel.columns(2), ("step_prev", "step_next"), (-1, 1), ("Left", "Right")):
+            column.button(t(f"classroom.{key}"), key=key, on_click=next_step, args=(labels, by), width="stretch",
+                          shortcut=shortcut)  # a remote clicker's arrow keys walk the lesson
         photo_place = choice_col.expander(t("input.source"))
     else:
         st.title(t("lesson.title"))
@@ -450,7 +470,7 @@ def page() -> None:
         head = remembered_choice(head_col.selectbox, t("lesson.head"), list(range(cap.num_heads)), key=links.LESSON_HEAD,
                                  format_func=lambda h: t("lesson.head_n", n=h + 1))
 
-    tabs, step = step_tabs([t(f"lesson.tab{i}") for i in range(1, 8)])
+    tabs, step = step_tabs(labels)
     photo = st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
     linked = links.choices(photo, st.session_state["lang"], layer=layer + 1, head=head + 1, step=step + 1,
                            **settings.linked)
