@@ -123,57 +123,57 @@ BEHAVIOUR_JS = """
 </script>
 """
 
-# Emitted only when a new photo or view arrives: scroll the first large picture of the result into view
-# (as little as needed; on a phone this brings the heatmap up under the Layer and Head controls).
-SCROLL_JS = """
+# Once this run is over (Streamlit has then removed the previous view's pictures), every 100 ms for up to 20 s: the
+# function ``scroll`` until it returns true.
+AFTER_RUN_JS = """
 <script>
 (() => {
+  const scroll = %(scroll)s;
   const started = Date.now();
   const timer = setInterval(() => {
     if (Date.now() - started > 20000) return clearInterval(timer);
-    // after the run: Streamlit then has removed the previous view's pictures
     if (Date.now() - started < 300 || document.querySelector('[data-testid="stStatusWidget"]')) return;
-    const box = document.querySelector(".st-key-result");
-    const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")] : [];
-    const sized = pictures.filter((p) => !p.closest('[data-stale="true"]'))
-      .map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
-    if (!sized.length || sized.some(([p]) => p.complete === false)) return;
-    clearInterval(timer);
-    // the view's first big picture (its main one; the Q/K map's atlas below the map is taller than the map)
-    const tallest = Math.max(...sized.map(([p, h]) => h));
-    const [picture] = sized.find(([p, h]) => h >= tallest / 2);
-    picture.scrollIntoView({block: "nearest", behavior: "instant"});
+    if (scroll()) clearInterval(timer);
   }, 100);
 })(/* %(token)s */);
 </script>
 """
 
+# The first large picture of the result into view, as little as needed (on a phone this brings the heatmap up under
+# the Layer and Head controls): the view's main picture, not its tallest (the Q/K map's atlas is taller than the map).
+SCROLL_TO_PICTURE = """() => {
+    const box = document.querySelector(".st-key-result");
+    const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")] : [];
+    const sized = pictures.filter((p) => !p.closest('[data-stale="true"]'))
+      .map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
+    if (!sized.length || sized.some(([p]) => p.complete === false)) return false;
+    const tallest = Math.max(...sized.map(([p, h]) => h));
+    const [picture] = sized.find(([p, h]) => h >= tallest / 2);
+    picture.scrollIntoView({block: "nearest", behavior: "instant"});
+    return true;
+  }"""
 
-# Scroll the element CSS ``selector`` finds to the top of the screen once the run is over (a phone
-# opening a link to the lesson's fourth step sees that step, not the title two screens above it).
-TOP_JS = """
-<script>
-(() => {
-  const started = Date.now();
-  const timer = setInterval(() => {
-    if (Date.now() - started > 20000) return clearInterval(timer);
-    if (Date.now() - started < 300 || document.querySelector('[data-testid="stStatusWidget"]')) return;
+# The element CSS ``selector`` finds to the top of the screen (a phone opening a link to the lesson's fourth step sees
+# that step, not the title two screens above it), and a chosen tab inside it into view sideways.
+SCROLL_TO_TOP = """() => {
     const element = document.querySelector('%(selector)s');
-    if (!element || ![...document.images].every((i) => i.complete)) return;  // a picture above may still move it
-    clearInterval(timer);
+    if (!element || ![...document.images].every((i) => i.complete)) return false;  // a picture above may still move it
     element.style.scrollMarginTop = "3.75rem";  // below the page's header bar
     element.scrollIntoView({block: "start", behavior: "instant"});
-    // a row of tabs wider than a phone: its chosen tab into view sideways too
     element.querySelector('[role="tab"][aria-selected="true"]')?.scrollIntoView({block: "nearest", inline: "nearest"});
-  }, 100);
-})();
-</script>
-"""
+    return true;
+  }"""
+
+
+def after_run(scroll: str, token: str = "") -> None:
+    """Run the JavaScript function ``scroll`` once this run is drawn (:data:`AFTER_RUN_JS`); ``token`` makes the
+    element differ from the last one emitted, so that the browser runs it again."""
+    st.html(AFTER_RUN_JS % {"scroll": scroll, "token": token.replace("*/", "")}, unsafe_allow_javascript=True)
 
 
 def bring_to_top(selector: str) -> None:
     """Scroll the element CSS ``selector`` finds to the top of the screen, once this run is drawn."""
-    st.html(TOP_JS % {"selector": selector.replace("'", "\\'")}, unsafe_allow_javascript=True)
+    after_run(SCROLL_TO_TOP % {"selector": selector.replace("'", "\\'")})
 
 
 def chrome(present: bool) -> None:
@@ -188,7 +188,7 @@ def bring_into_view(token: str) -> None:
     if st.session_state.get("_scrolled_for") == token:
         return
     st.session_state["_scrolled_for"] = token
-    st.html(SCROLL_JS % {"token": token.replace("*/", "")}, unsafe_allow_javascript=True)
+    after_run(SCROLL_TO_PICTURE, token)
 
 
 def join_url() -> str:

@@ -212,7 +212,7 @@ MEASURE = """() => {
   const box = document.querySelector('.st-key-result');
   const all = box ? [...box.querySelectorAll('img, canvas, svg.marks')].filter(
     p => p.closest('[data-stale="true"]') === null) : [];  // not what the previous run left
-  // the view's main picture: its first big one, as the page scrolls to it (classroom.SCROLL_JS)
+  // the view's main picture: its first big one, as the page scrolls to it (classroom.SCROLL_TO_PICTURE)
   const sized = all.map(p => p.getBoundingClientRect()).filter(r => r.height > 120);
   const tallest = Math.max(0, ...sized.map(r => r.height));
   const big = sized.filter(r => r.height >= tallest / 2);
