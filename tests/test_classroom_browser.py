@@ -220,10 +220,13 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
     shot(page, "present_lesson_zh")
     page.locator("body").press("ArrowRight")  # a remote clicker's →: step 2
     page.wait_for_url("**step=2**", timeout=60_000)
+    settle(page)
     assert page.get_by_role("tab", selected=True).inner_text().startswith("2")
     page.get_by_role("tab").nth(3).click()  # step 4: the address, so the QR code, follows the step shown
     page.wait_for_url("**step=4**", timeout=60_000)
     settle(page)
+    page.wait_for_timeout(1000)
+    assert page.get_by_role("tab", selected=True).inner_text().startswith("4")  # and the page stays on it
     address = urlsplit(page.url)
     assert address.path == "/lesson" and dict(parse_qsl(address.query)) == {
         "present": "1", "layer": "12", "head": "1", "step": "4", "photo": "rocket", "lang": "zh-TW"}

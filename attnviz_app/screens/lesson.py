@@ -69,8 +69,9 @@ def shown_step(labels: list[str]) -> tuple[str, int]:
 def step_tabs(labels: list[str]):
     """The lesson's tabs, at the step shown (:func:`shown_step`): (the tabs, the step shown)."""
     key, step = shown_step(labels)
-    tabs = st.tabs(labels, key=key, on_change="rerun",  # a new step reruns: the address follows
-                   default=None if key in st.session_state else labels[step])
+    if key not in st.session_state:  # a link's step, or the one kept through a language switch: set, not a default,
+        st.session_state[key] = labels[step]  # as a default that changes makes a new widget, which opens on step 1
+    tabs = st.tabs(labels, key=key, on_change="rerun")  # a new step reruns: the address follows
     st.session_state[STEP_MEMORY] = step
     return tabs, step
 
