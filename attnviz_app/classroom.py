@@ -35,6 +35,12 @@ def presenting(help_key: str = "classroom.present_help") -> bool:
     return on
 
 
+def leave_button(place) -> None:
+    """The presenter view's way out (its sidebar, with the toggle, is hidden), at the top of ``place``."""
+    place.button(t("classroom.leave"), key="leave_present", on_click=leave_presenting, type="tertiary",
+                 icon=":material/close_fullscreen:")
+
+
 def leave_presenting() -> None:
     """Button callback: back to the ordinary page (the sidebar is hidden while presenting)."""
     st.session_state[PRESENT_KEY] = False

@@ -66,6 +66,11 @@ def restore() -> None:
         follow_link(asked.get("query", ""))
 
 
+def sample_shown() -> str | None:
+    """The sample photo's name where the page shows a sample (an upload or a camera shot has none to link)."""
+    return st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
+
+
 def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,
             head: str | int | None = None, query: str | None = None, step: int | None = None,
             model: str | None = None, size: str | None = None) -> dict[str, str]:

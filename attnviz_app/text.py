@@ -21,9 +21,9 @@ def device_label(device: object) -> str:
 
 
 # Streamlit writes a few words of its own widgets in English whatever the page's language (the uploader's "Upload" and
-# "50MB per file", the camera's "Take Photo", the keyboard's "Skip to main content" link; streamlit/streamlit#13500). Once per language, this script rewrites those
-# text nodes inside those widgets, whole nodes only, and keeps doing so as Streamlit redraws them; back in English it
-# puts Streamlit's words back.
+# "50MB per file", the camera's "Take Photo", the keyboard's "Skip to main content" link; streamlit/streamlit#13500).
+# Once per language, this script rewrites those text nodes inside those widgets, whole nodes only, and keeps doing so
+# as Streamlit redraws them; back in English it puts Streamlit's words back.
 WIDGET_WORDS_JS = """
 <style>
 /* an element that only runs a script (this one, the classroom's) takes no room: it left a 16 px gap above the page */

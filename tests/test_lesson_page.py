@@ -85,7 +85,7 @@ def test_language_switch_after_running_the_test_in_a_real_browser():
     """Switching language after the perturbation test keeps every choice and raises nothing (a real bug once)."""
     import os
 
-    from serve import chromium, require_chromium, streamlit_server
+    from serve import chromium, quiet, require_chromium, settle, streamlit_server
 
     require_chromium()
     port = int(os.environ.get("ATTNVIZ_LESSON_PORT", "0")) or None
@@ -99,7 +99,10 @@ def test_language_switch_after_running_the_test_in_a_real_browser():
         page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()
         page.get_by_role("option", name="繁體中文").click()
         page.get_by_text(i18n.text("zh-TW", "lesson.title")).wait_for(timeout=60_000)
-        page.get_by_role("tab").nth(6).click()
+        settle(page)
+        quiet(page)
+        # the page stays on step 7 in its new language (the step is remembered as a number, not a label)
+        assert page.get_by_role("tab", selected=True).inner_text() == i18n.text("zh-TW", "lesson.tab7")
         page.get_by_role("button", name=i18n.text("zh-TW", "lesson.explain.run", layer=12)).click()
         page.get_by_text(i18n.text("zh-TW", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
         assert page.locator("[data-testid=stException]").count() == 0

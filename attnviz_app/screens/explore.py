@@ -43,8 +43,7 @@ def page() -> None:
 
     if present:
         result, panel = st.columns([3, 2], gap="medium")
-        panel.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting, type="tertiary",
-                     icon=":material/close_fullscreen:")
+        classroom.leave_button(panel)
         photo_place = panel.expander(t("input.source"))
     else:
         st.title(t("app.title"))
@@ -56,7 +55,7 @@ def page() -> None:
     if not present:  # the controls under the photo input and its notes, the view under them
         panel, result = st.container(), st.container()
 
-    photo = st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
+    photo = links.sample_shown()
     if getattr(cap, "stages", None):  # stages and windows (Swin): Stage and Block, the grid of each stage
         from attnviz_app.views import stages
 

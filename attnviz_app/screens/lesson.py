@@ -445,8 +445,7 @@ def page() -> None:
     labels = [t(f"lesson.tab{i}") for i in range(1, 8)]
     if present:  # the projector: no title, larger type, the photo's controls folded, the join box on the right
         photo_col, choice_col, panel = st.columns([0.9, 1.5, 1.6], gap="medium")
-        panel.button(t("classroom.leave"), key="leave_present", on_click=classroom.leave_presenting, type="tertiary",
-                     icon=":material/close_fullscreen:")
+        classroom.leave_button(panel)
         for column, key, by, shortcut in zip(panel.columns(2), ("step_prev", "step_next"), (-1, 1), ("Left", "Right")):
             column.button(t(f"classroom.{key}"), key=key, on_click=next_step, args=(labels, by), width="stretch",
                           shortcut=shortcut)  # a remote clicker's arrow keys walk the lesson
@@ -472,7 +471,7 @@ def page() -> None:
                                  format_func=lambda h: t("lesson.head_n", n=h + 1))
 
     tabs, step = step_tabs(labels)
-    photo = st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
+    photo = links.sample_shown()
     linked = links.choices(photo, st.session_state["lang"], layer=layer + 1, head=head + 1, step=step + 1,
                            **settings.linked)
     links.publish(linked)  # the address opens this step of the lesson, on this photo, layer, head and language
