@@ -137,8 +137,8 @@ def query_picture(cap, view, layer: int, head, patch: tuple[int, int], alpha: fl
 def show(ctx: Context, panel=None) -> None:
     """The Stage view. It reads the display controls of ``ctx`` (opacity, colours, smoothing) and not its Layer and
     Head: each stage has its own Block and Head boxes here. Its downloads get the capture back when clicked.
-    ``panel`` (the presenter view's side column) takes what the stages are and the four boxes, one under another,
-    as it takes Layer, Head and View on a ViT: the picture keeps the projector's height."""
+    ``panel`` (the presenter view's side column) takes the Stage, Block, Head and Show boxes, as it takes Layer, Head
+    and View on a ViT; what the stages are then goes under the picture, which keeps the projector's height."""
     model, cap, view, narrow = ctx.model, ctx.cap, ctx.view, ctx.narrow
     alpha, cmap, smooth = ctx.alpha, ctx.cmap, ctx.smooth
     stages = cap.stages
