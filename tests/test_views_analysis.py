@@ -109,6 +109,38 @@ def test_matrix_npz_holds_the_whole_capture(page_capture, real_model, tmp_path):
     assert attnviz.export.read_meta(tmp_path / "page.npz")["format"] == "full"
 
 
+CHINESE_FIGURE = """
+import warnings
+from matplotlib import font_manager
+from matplotlib.figure import Figure
+# a font list cached before the CJK font was installed: matplotlib knows no CJK face
+font_manager.fontManager.ttflist = [f for f in font_manager.fontManager.ttflist if "CJK" not in f.name]
+from attnviz_app.views.common import figure_png
+
+figure = Figure()
+figure.text(0.5, 0.5, "注意力權重")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    figure_png(figure)
+print(sum("missing from font" in str(w.message) for w in caught))
+"""
+
+
+def test_the_pages_figures_draw_chinese_with_the_cjk_font_a_stale_font_list_lacks():
+    """The matrix and statistics figures' Chinese labels drew as boxes where matplotlib's font list predated the
+    font (one warning per missing glyph): figure_png registers the font first, as attnviz.figure does."""
+    from attnviz import figure
+
+    if figure._font_file(figure.CJK_FONT) is None:
+        pytest.skip("Noto Sans CJK TC is not installed (Debian: fonts-noto-cjk)")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CHINESE_FIGURE], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120, check=True)
+    assert done.stdout.split()[-1] == "0", done.stdout + done.stderr
+
+
 def test_rollout_view_numbers(app, page_capture):
     choose(app, "rollout")
     app.slider(key="rollout_layers").set_value((3, 10)).run()

@@ -43,7 +43,6 @@ def download_png(draw: Callable[[], Image.Image], file_name: str, key: str) -> N
 # ---- Shared by the analysis views (rollout, query, matrix, heads, mask, stats, relevance) ----
 
 QUERY_COLOUR = (0, 255, 255)  # cyan: the query patch / chosen cell, visible on every colour map
-FIGURE_FONTS = ["DejaVu Sans", "Noto Sans CJK TC", "Noto Sans CJK JP"]
 # vega-embed's options, from the spec's usermeta. SVG said outright, as Streamlit draws a chart of over 2000 points
 # on a canvas, which a column narrower than the chart cannot scale (BASE_CSS scales SVG; a scaled canvas clicks wrong);
 # a canvas where many thousands of points must draw quickly.
@@ -70,8 +69,13 @@ def figure_png(fig) -> bytes:
     pyplot: pyplot keeps global state that the sessions' threads would share."""
     from matplotlib.text import Text
 
-    for text in fig.findobj(Text):  # Chinese labels fall back to a CJK font where one is installed
-        text.set_fontfamily(FIGURE_FONTS)
+    from attnviz.figure import CJK_FONT, LATIN_FONT, cjk_font
+
+    # Chinese labels fall back to the CJK font where one is installed. cjk_font() tells matplotlib of it first: a
+    # font list cached before the font was installed knows no CJK font, and every Chinese character drew as a box.
+    families = [LATIN_FONT, CJK_FONT] if cjk_font() else [LATIN_FONT]
+    for text in fig.findobj(Text):
+        text.set_fontfamily(families)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="PNG", dpi=120, bbox_inches="tight")
     return buffer.getvalue()
