@@ -14,7 +14,7 @@ import streamlit as st
 from . import links
 from .text import t
 
-PRESENT_KEY = "present"  # session key of the toggle and name of the URL parameter (?present=1)
+PRESENT_KEY = links.PRESENT  # session key of the toggle and name of the URL parameter (?present=1)
 NARROW_BELOW = 768  # px: Streamlit's own breakpoint for the overlaying sidebar
 
 

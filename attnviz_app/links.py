@@ -7,8 +7,11 @@ as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the
 token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token; on the lesson (``/lesson?step=4&layer=12&head=1``)
 ``step`` is its tab, and ``layer`` and ``head`` its own Layer and Head. ``model`` (the Model box's value) and ``size``
 (``448``, ``native``) are written only where they are not what the page opens on, and a model is opened only where
-the server offers it (attnviz_app/ui.py's Model box checks). Uploads never travel: only the sample photos have names.
-A value the page does not offer is left out, and the page opens on its own default there.
+the server offers it (attnviz_app/ui.py's Model box checks). The display controls a view reads (``opacity``,
+``cmap``, ``smooth``) and a view's own controls (``/?view=rollout&layers=4-12&fusion=max``: each view declares them,
+attnviz_app/views/base.py's ``Linked``) are written only where they differ from what the view opens on. Uploads never
+travel: only the sample photos have names. A value the page does not offer is left out, and the page opens on its own
+default there.
 """
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ from attnviz import i18n
 from attnviz.softmax import HEAD_FUSIONS
 
 from .settings import NATIVE
+from .views.base import DISPLAY, Context, View
 
 LINKED = ("view", "layer", "head", "query", "step", "photo", "model", "size", "lang")  # in the order a link writes them
+PRESENT = "present"  # the presenter view's own parameter (attnviz_app/classroom.py): the only one a page keeps
 _RESTORED = "_links_restored"
 # The lesson's Layer slider, its Head box's remembered choice and its step tab (screens/lesson.py): a link's
 # layer, head and step open the lesson there
@@ -57,13 +62,16 @@ def restore() -> None:
     size = asked.get("size", "")
     if size == "native" or (size.isdecimal() and 1 <= int(size) <= 9999):  # the Size box checks it against the model
         st.session_state["size"] = NATIVE if size == "native" else int(size)
-    if "view" in asked or "query" in asked:
-        from . import views  # the registry imports every view: only when a link names one
+    if "view" in asked or "query" in asked or set(asked) - {*LINKED, PRESENT}:
+        from . import views  # the registry imports every view: only when a link names one, or a control
         from .views.query import follow_link
 
         if asked.get("view") in views.registered():
             st.session_state["view"] = asked["view"]
         follow_link(asked.get("query", ""))
+        for spec in (*DISPLAY, *(spec for view in views.registered().values() for spec in view.linked)):
+            if spec.name in asked and (value := spec.read(asked[spec.name])) is not None:
+                st.session_state[spec.key] = value  # the view checks it against the model (Linked.prepare)
 
 
 def sample_shown() -> str | None:
@@ -73,23 +81,33 @@ def sample_shown() -> str | None:
 
 def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,
             head: str | int | None = None, query: str | None = None, step: int | None = None,
-            model: str | None = None, size: str | None = None) -> dict[str, str]:
+            model: str | None = None, size: str | None = None,
+            controls: dict[str, str] | None = None) -> dict[str, str]:
     """The address's values for what is shown: ``photo`` a sample's name (None for anything else), the view,
     layer, head, query token and lesson step where the page shows them (the Swin page has none of its own: None),
-    and the model and size where they are not the page's first (``Settings.linked``)."""
+    the model and size where they are not the page's first (``Settings.linked``), and the view's ``controls``
+    (:func:`controls`) after the query."""
     said = {"view": view, "layer": layer, "head": head, "query": query, "step": step, "photo": photo, "model": model,
-            "size": size, "lang": lang}
-    return {name: str(said[name]) for name in LINKED if said[name] is not None}
+            "size": size, "lang": lang, **(controls or {})}
+    order = (*LINKED[:4], *(controls or {}), *LINKED[4:])  # the view's controls after its query
+    return {name: str(said[name]) for name in order if said[name] is not None}
+
+
+def controls(view: View, state, ctx: Context) -> dict[str, str]:
+    """The address's words for the display controls ``view`` reads and for its own controls (``Linked``), where
+    they differ from what it opens on for ``ctx``'s model and capture."""
+    used = view.used(state)
+    specs = [*(spec for spec in DISPLAY if spec.key in used), *view.linked]
+    return {spec.name: words for spec in specs if (words := spec.words(state, ctx)) is not None}
 
 
 def publish(linked: dict[str, str]) -> None:
-    """Write ``linked`` (from :func:`choices`) into the address, leaving its other parameters (``present``)."""
+    """Write ``linked`` (from :func:`choices`) into the address, in its order; every other parameter goes, but
+    ``present``. The address is rewritten only when it says something else (a link's own order included)."""
     params = st.query_params
-    for name in LINKED:
-        if name not in linked:
-            params.pop(name, None)
-        elif params.get(name) != linked[name]:
-            params[name] = linked[name]
+    wanted = {**linked, **({PRESENT: params[PRESENT]} if PRESENT in params else {})}
+    if list(params.to_dict().items()) != list(wanted.items()):
+        params.from_dict(wanted)
 
 
 def link(base: str, linked: dict[str, str]) -> str:

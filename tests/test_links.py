@@ -142,3 +142,68 @@ def test_a_model_or_size_the_server_does_not_offer_is_left_out(params):
     at = opened(**params)
     assert at.selectbox(key="model_choice").value == "default" and at.selectbox(key="size").value == 196
     assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+
+
+def test_a_link_opens_a_views_own_controls_and_the_display_controls_it_reads():
+    """/?view=rollout&layers=4-12&fusion=max…: the rollout a teacher set up, not the view's defaults."""
+    from attnviz.rollout import rollout_map
+
+    at = opened(view="rollout", layers="4-11", fusion="max", discard="0.5", cmap="viridis", opacity="0.8",
+                smooth="1", photo="coffee")
+    assert at.slider(key="rollout_layers").value == (4, 11) and at.selectbox(key="rollout_fusion").value == "max"
+    assert at.slider(key="rollout_discard").value == 0.5
+    assert at.selectbox(key="cmap").value == "viridis" and at.slider(key="alpha").value == 0.8
+    assert at.toggle(key="smooth").value is True
+    fusion = i18n.text("en", "view.head_max")
+    assert i18n.text("en", "analysis.rollout.title", first=4, last=11, fusion=fusion) in headings(at)
+    assert at.query_params == {"view": "rollout", "layer": "12", "head": "mean", "opacity": "0.8", "cmap": "viridis",
+                               "smooth": "1", "layers": "4-11", "fusion": "max", "discard": "0.5", "photo": "coffee",
+                               "lang": "en"}
+    # back at a control's first value, the link leaves it out; a view that does not read a control leaves it out too
+    at.slider(key="rollout_layers").set_value((1, 12)).run()
+    at.slider(key="alpha").set_value(0.6).run()
+    assert "layers" not in at.query_params and "opacity" not in at.query_params
+    assert at.query_params["fusion"] == "max" and at.query_params["cmap"] == "viridis"
+    at.selectbox(key="view").set_value("qkmap").run()  # the Q/K map reads neither the colours nor rollout's controls
+    assert at.query_params == {"view": "qkmap", "layer": "12", "head": "mean", "query": "cls", "photo": "coffee",
+                               "lang": "en"}
+    at.selectbox(key="qk_colour").set_value("hue").run()
+    at.selectbox(key="qk_normalize").set_value("none").run()
+    assert at.query_params["colour"] == "hue" and at.query_params["normalize"] == "none"
+    assert "method" not in at.query_params  # PCA, the first
+
+
+def test_the_q_k_map_matrix_mask_and_faithfulness_controls_travel():
+    at = opened(view="qkmap", colour="row", normalize="none")
+    assert at.selectbox(key="qk_colour").value == "row" and at.selectbox(key="qk_normalize").value == "none"
+    assert any(c.value == i18n.text("en", "qkmap.none_note") for c in at.caption)
+    at = opened(view="matrix", log="0", cmap="gray")
+    assert at.toggle(key="matrix_log").value is False and at.query_params["log"] == "0"
+    at = opened(view="mask", mass="80", mask="heads")
+    assert at.slider(key="mask_mass").value == 80 and at.radio(key="mask_source").value == "heads"
+    assert i18n.text("en", "analysis.mask.title", mass=80) in headings(at)
+    at = opened(view="faithfulness", fill="blur", each_head="1")
+    assert at.radio(key="faith_fill").value == "blur" and at.checkbox(key="faith_heads").value is True
+    assert at.query_params["fill"] == "blur" and at.query_params["each_head"] == "1"
+
+
+@pytest.mark.parametrize("params", [
+    {"layers": "4-40", "fusion": "median", "discard": "0.99", "cmap": "rainbow", "opacity": "7", "smooth": "yes"},
+    {"layers": "12-4", "fusion": "", "discard": "-0.1", "cmap": "", "opacity": "nan", "smooth": "2", "utm_source": "x"},
+])
+def test_control_values_the_page_does_not_offer_are_left_out(params):
+    at = opened(view="rollout", **params)
+    assert at.slider(key="rollout_layers").value == (1, 12) and at.selectbox(key="rollout_fusion").value == "mean"
+    assert at.slider(key="rollout_discard").value == 0.0 and at.selectbox(key="cmap").value == "inferno"
+    assert at.slider(key="alpha").value == 0.6 and at.toggle(key="smooth").value is False
+    assert at.query_params == {"view": "rollout", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+
+
+def test_link_names_are_unique_across_the_page():
+    from attnviz_app import links, views
+
+    names = [spec.name for spec in views.DISPLAY] + [
+        spec.name for view in views.registered().values() for spec in view.linked]
+    assert len(names) == len(set(names)) and not set(names) & {*links.LINKED, links.PRESENT}
+    keys = [spec.key for spec in views.DISPLAY] + [spec.key for view in views.registered().values() for spec in view.linked]
+    assert len(keys) == len(set(keys))

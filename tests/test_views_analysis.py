@@ -272,10 +272,10 @@ def test_clicking_a_patch_and_a_cell_in_a_real_browser():
         box = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
         page.mouse.click(box["x"] + box["width"] * 10.5 / 14, box["y"] + box["height"] * 3.5 / 14)
         page.get_by_text("where does patch (row 4, column 11) look?").wait_for(timeout=60_000)
-        deadline = time.monotonic() + 30  # the address bar follows the click: a link to it opens this query
-        while "query=r4c11" not in page.url and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "view=query" in page.url and "query=r4c11" in page.url, page.url
+        # the address bar follows the click, once the view is drawn: a link to it opens this query. (Waiting with
+        # time.sleep would not do: Playwright's sync API learns of the new address only while it is called.)
+        page.wait_for_url("**query=r4c11**", timeout=30_000)
+        assert "view=query" in page.url, page.url
 
         choose_view(page, "All layers and heads at a glance")
         page.get_by_text("All 12 layers × 6 heads at a glance").wait_for(timeout=60_000)

@@ -32,8 +32,8 @@ def page() -> None:
     used = chosen_before.used(st.session_state)
     unused = t("classroom.unused")
     st.sidebar.header(t("view.display"))
-    ui.first_value("alpha", 0.6)
-    ui.first_value("smooth", False)
+    for spec in views.DISPLAY:  # a link's value, else each one's first (they take no ctx)
+        spec.prepare(st.session_state, None)
     alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, step=0.05, key="alpha", disabled=views.OPACITY not in used,
                               help=None if views.OPACITY in used else unused)
     cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"),
@@ -117,16 +117,18 @@ def page() -> None:
         )
         if not used & {views.LAYER, views.HEAD}:
             st.caption(t("classroom.no_layer_head"))
-    linked = links.choices(photo, st.session_state["lang"], chosen, layer, head,
-                           query=link_name(cap) if VIEWS[chosen].reads_query else None, **settings.linked)
-    links.publish(linked)
-
+    ctx = views.Context(
+        model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
+        head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,
+        cap_key=cap_key, present=present, narrow=classroom.narrow(), recall=recall,
+    )
     with result, st.container(key="result"):
-        VIEWS[chosen].show(views.Context(
-            model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
-            head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,
-            cap_key=cap_key, present=present, narrow=classroom.narrow(), recall=recall,
-        ))
+        VIEWS[chosen].show(ctx)
+    # after the view, which drops a linked value this capture does not offer (Linked.prepare)
+    linked = links.choices(photo, st.session_state["lang"], chosen, layer, head,
+                           query=link_name(cap) if VIEWS[chosen].reads_query else None, **settings.linked,
+                           controls=links.controls(VIEWS[chosen], st.session_state, ctx))
+    links.publish(linked)
     classroom.bring_into_view(f"{cap_key[1]}:{chosen}:{present}")
 
     if present:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import ALL, COLOURS, HEAD, LAYER, OPACITY, SMOOTH, Context, View, register
+from .base import ALL, COLOURS, DISPLAY, HEAD, LAYER, OPACITY, SMOOTH, Context, Linked, View, register
 
-__all__ = ["ALL", "COLOURS", "HEAD", "LAYER", "OPACITY", "SMOOTH", "Context", "View", "register", "registered"]
+__all__ = ["ALL", "COLOURS", "DISPLAY", "HEAD", "LAYER", "OPACITY", "SMOOTH", "Context", "Linked", "View", "register",
+           "registered"]
 
 
 def registered() -> dict[str, View]:

@@ -8,13 +8,13 @@ something").
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 
 from PIL import Image
 
-from attnviz import Capture, Model
+from attnviz import Capture, Model, render
 from attnviz.capture import Head
 
 # The page's shared controls a view may read.
@@ -55,6 +55,77 @@ class Context:
         return lambda: draw(capture(), view(), *args)
 
 
+def _always(value: Any, ctx: Context) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Linked:
+    """One of a view's own controls as a link names it (``/?view=rollout&fusion=max``, attnviz_app/links.py): the
+    widget's session-state ``key`` is written as ``name`` in the address where its value is not the one the view
+    opens on."""
+
+    name: str  # in the address; unique across the page
+    key: str  # the widget's session-state key
+    read: Callable[[str], Any]  # the address's words → the widget's value; None where the page never offers it
+    first: Callable[[Context], Any]  # the value the view opens on, for this model and capture
+    write: Callable[[Any], str] = str
+    fits: Callable[[Any, Context], bool] = _always  # whether this model and capture offer the value
+
+    def prepare(self, state: MutableMapping, ctx: Context) -> None:
+        """Before the widget is drawn: a value this capture does not offer (a link's layer range past the model's
+        last layer) is dropped, and the widget opens on its first value. Its value comes only from session state
+        then: a widget given a value of its own as well makes Streamlit warn."""
+        if self.key in state and not self.fits(state[self.key], ctx):
+            del state[self.key]
+        state.setdefault(self.key, self.first(ctx))
+
+    def words(self, state: Mapping, ctx: Context) -> str | None:
+        """The address's words for the widget's value; None where it is the one the view opens on."""
+        value = state.get(self.key)
+        return None if value is None or value == self.first(ctx) else self.write(value)
+
+
+def one_of(options: Sequence) -> Callable[[str], Any]:
+    """Read a link's word as one of ``options`` (strings)."""
+    return lambda words: words if words in options else None
+
+
+def number(low: float, high: float, step: float) -> Callable[[str], float | None]:
+    """Read a link's number as a slider from ``low`` to ``high`` in ``step``s has it (an int where the step is)."""
+    def read(words: str) -> float | None:
+        try:
+            value = float(words)
+        except ValueError:
+            return None
+        if not low <= value <= high:
+            return None
+        value = low + round((value - low) / step) * step  # on the slider's steps, as it would show it
+        return int(round(value)) if isinstance(step, int) else round(value, 6)
+    return read
+
+
+def flag(words: str) -> bool | None:
+    """Read a link's ``1`` or ``0`` (a toggle)."""
+    return {"1": True, "0": False}.get(words)
+
+
+def write_flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def write_number(value: float) -> str:
+    return f"{value:g}"  # a slider's 0.6500000000000001 as 0.65
+
+
+# The sidebar's display controls, as a link names them where the view shown reads them (attnviz_app/links.py)
+DISPLAY = (
+    Linked("opacity", OPACITY, number(0.0, 1.0, 0.05), lambda ctx: 0.6, write_number),
+    Linked("cmap", COLOURS, one_of(render.COLORMAPS), lambda ctx: render.COLORMAPS[0]),
+    Linked("smooth", SMOOTH, flag, lambda ctx: False, write_flag),
+)
+
+
 @dataclass(frozen=True)
 class View:
     """One entry of the page's view selector."""
@@ -67,6 +138,7 @@ class View:
     # The controls it reads given the session's own choices inside the view (e.g. one mask per head).
     controls_in: Callable[[Mapping, frozenset[str]], frozenset[str]] | None = None
     reads_query: bool = False  # draws the session's query token (views.query): a link to it names the query
+    linked: tuple[Linked, ...] = ()  # its own controls that a link names
 
     def used(self, state: Mapping) -> frozenset[str]:
         return self.controls if self.controls_in is None else self.controls_in(state, self.controls)
@@ -79,6 +151,10 @@ def register(view: View) -> View:
     """Add ``view`` to the page's selector (a view module calls this once, at import)."""
     if _REGISTERED.get(view.name, view) is not view:
         raise ValueError(f"two views are called {view.name!r}")
+    taken = {spec.name for spec in DISPLAY} | {
+        spec.name for other in _REGISTERED.values() if other is not view for spec in other.linked}
+    if clash := taken & {spec.name for spec in view.linked}:
+        raise ValueError(f"two views link a control as {sorted(clash)}")
     _REGISTERED[view.name] = view
     return view
 

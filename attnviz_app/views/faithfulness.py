@@ -11,7 +11,7 @@ from attnviz.errors import FaithfulnessError
 from .. import heavy
 from ..text import t
 
-from .base import Context, View, register
+from .base import Context, Linked, View, flag, one_of, register, write_flag
 from .common import download_chart
 
 KIND = "faithfulness"
@@ -132,11 +132,18 @@ def results(result: fa.Faithfulness, narrow: bool = False) -> None:
         st.caption(note)
 
 
+LINKED = (  # a fill the model does not offer (token removal on a RoPE model) gives way to its first
+    Linked("fill", "faith_fill", one_of(fa.FILLS), lambda ctx: fills_for(ctx.model)[0][0],
+           fits=lambda fill, ctx: fill in fills_for(ctx.model)[0]),
+    Linked("each_head", "faith_heads", flag, lambda ctx: False, write_flag),
+)
+
+
 def show(ctx: Context) -> None:
     st.markdown(t("faith_page.explain"))
     fills, why_not = fills_for(ctx.model)
-    if st.session_state.get("faith_fill") not in fills:  # e.g. token removal, after a switch to a RoPE model
-        st.session_state["faith_fill"] = fills[0]
+    for spec in LINKED:
+        spec.prepare(st.session_state, ctx)
     left, right = st.columns([3, 2])
     fill = left.radio(t("faith_page.fill"), fills, key="faith_fill", horizontal=True,
                       format_func=lambda f: t(f"faithfulness.fill_{f}"), help=t("faith_page.fill_help"))
@@ -151,4 +158,4 @@ def show(ctx: Context) -> None:
         results(result, ctx.narrow)
 
 
-register(View("faithfulness", show, order=92))
+register(View("faithfulness", show, order=92, linked=LINKED))

@@ -7,11 +7,15 @@ from PIL import Image
 from attnviz.masks import DEFAULT_MASS, draw_mask, mass_mask
 from ..text import t
 
-from .base import Context, HEAD, LAYER, View, register
+from .base import Context, HEAD, LAYER, Linked, View, number, one_of, register
 from .cls import no_class_token_note
 from .common import download_png, enlarge, head_label, head_part
 
 ONE, HEADS = "one", "heads"
+LINKED = (
+    Linked("mass", "mask_mass", number(5, 99, 1), lambda ctx: round(DEFAULT_MASS * 100)),
+    Linked("mask", "mask_source", one_of((ONE, HEADS)), lambda ctx: ONE),
+)
 THUMB_PX = 224
 
 
@@ -45,8 +49,10 @@ def show(ctx: Context) -> None:
     h, w = cap.grid
     no_class_token_note(cap)  # the maps below are not a class token's when it has none
     st.markdown(t("analysis.mask.explain"))
+    for spec in LINKED:
+        spec.prepare(st.session_state, ctx)
     c1, c2 = st.columns([3, 2])
-    percent = c1.slider(t("analysis.mask.mass"), 5, 99, round(DEFAULT_MASS * 100), 1, key="mask_mass")
+    percent = c1.slider(t("analysis.mask.mass"), 5, 99, step=1, key="mask_mass")
     source = c2.radio(
         t("analysis.mask.source"), [ONE, HEADS], key="mask_source", horizontal=True,
         format_func=lambda s: t(f"analysis.mask.source_{s}"),
@@ -77,4 +83,5 @@ def controls_in(state, controls: frozenset[str]) -> frozenset[str]:
     return controls - {HEAD} if state.get("mask_source") == "heads" else controls
 
 
-register(View("mask", show, controls=frozenset({LAYER, HEAD}), order=60, controls_in=controls_in))  # no colours
+register(View("mask", show, controls=frozenset({LAYER, HEAD}), order=60, controls_in=controls_in,  # no colours
+              linked=LINKED))

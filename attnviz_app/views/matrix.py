@@ -7,12 +7,13 @@ import streamlit as st
 from attnviz import export
 from ..text import t
 
-from .base import COLOURS, Context, HEAD, LAYER, View, register
+from .base import COLOURS, Context, HEAD, LAYER, Linked, View, flag, register, write_flag
 from .common import QUERY_COLOUR, download_file, figure_png, head_label, head_part, token_label
 from .query import current_query, set_query
 
 MAX_TICKS = 16  # patch-row ticks on each axis; more would overlap at 518 px (37 rows)
 FIGURE_PX = 700  # about how many pixels the matrix spans in the figure
+LOG = Linked("log", "matrix_log", flag, lambda ctx: True, write_flag)
 
 
 def _ticks(cap) -> tuple[list[float], list[str], list[float]]:
@@ -85,7 +86,8 @@ def show(ctx: Context) -> None:
         format_func=lambda i: token_label(i, prefix, grid),
         on_change=lambda: set_query(prefix, grid, st.session_state["matrix_query"]),
     )
-    log = scale.toggle(t("analysis.matrix.log"), value=True, key="matrix_log", help=t("analysis.matrix.log_help"))
+    LOG.prepare(st.session_state, ctx)
+    log = scale.toggle(t("analysis.matrix.log"), key="matrix_log", help=t("analysis.matrix.log_help"))
     weights = cap.weights(ctx.layer, ctx.head)  # (N, N)
     png = figure_png(matrix_figure(cap, weights, query, ctx.cmap, log))
     st.image(png, caption=t("analysis.matrix.caption"))
@@ -99,4 +101,5 @@ def show(ctx: Context) -> None:
     )
 
 
-register(View("matrix", show, controls=frozenset({LAYER, HEAD, COLOURS}), order=30, reads_query=True))
+register(View("matrix", show, controls=frozenset({LAYER, HEAD, COLOURS}), order=30, reads_query=True,
+              linked=(LOG,)))

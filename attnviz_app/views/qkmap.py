@@ -10,13 +10,18 @@ from attnviz import qkmap
 from .. import heavy
 from ..text import t
 
-from .base import HEAD, LAYER, Context, View, register
+from .base import HEAD, LAYER, Context, Linked, View, one_of, register
 from .common import CANVAS, SVG, data_url, download_chart, selected_points, token_label
 from .query import current_query, set_query
 
 CHART_KEY = "qk_chart"
 ATLAS_KEY = "qk_atlas"
 COLOUR_CHOICES = ("row", "column", "brightness", "hue", "cls_attention")  # "photo" is the dataset page's
+LINKED = (
+    Linked("method", "qk_method", one_of(qkmap.METHODS), lambda ctx: qkmap.METHODS[0]),
+    Linked("normalize", "qk_normalize", one_of(qkmap.NORMALIZATIONS), lambda ctx: qkmap.NORMALIZATIONS[0]),
+    Linked("colour", "qk_colour", one_of(COLOUR_CHOICES), lambda ctx: COLOUR_CHOICES[0]),
+)
 SVG_POINTS = 3000  # up to this many points (the default model at 518 px: 2740) the map is SVG (common.SVG)
 TOP = 5  # keys drawn as lines from the chosen query
 SCATTER_PX, PRESENT_PX, NARROW_PX = 520, 420, 290  # the scatter: a desktop, a projector's 3/5 column, a phone
@@ -188,6 +193,8 @@ def show(ctx: Context) -> None:
     st.subheader(t("qkmap.title", layer=ctx.layer + 1, head=head + 1))
     if not ctx.present:  # a projector keeps the room for the map
         st.caption(t("qkmap.explain", dk=cap.query.shape[-1]))  # (L, H, N, d_k)
+    for spec in LINKED:
+        spec.prepare(st.session_state, ctx)
     c1, c2, c3 = st.columns(3)
     method = c1.selectbox(t("qkmap.method"), qkmap.METHODS, key="qk_method", placeholder=t("classroom.choose"),
                           format_func=lambda m: t(f"qkmap.method_{m}"))
@@ -245,4 +252,4 @@ def _atlas(cap):
     return at, qkmap.atlas_picture(at)
 
 
-register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=91, reads_query=True))
+register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=91, reads_query=True, linked=LINKED))

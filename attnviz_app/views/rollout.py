@@ -11,9 +11,25 @@ from attnviz.rollout import rollout_map
 from .. import heavy
 from ..text import t
 
-from .base import COLOURS, Context, OPACITY, SMOOTH, View, register
+from .base import COLOURS, Context, Linked, OPACITY, SMOOTH, View, number, one_of, register, write_number
 from .cls import no_class_token_note
 from .common import colour_scale, download_figure, download_png, enlarge
+
+
+def _layer_range(words: str) -> tuple[int, int] | None:
+    """A link's ``4-12``: layers 4 to 12 (checked against the model as the view opens)."""
+    first, _, last = words.partition("-")
+    if first.isdecimal() and last.isdecimal() and 1 <= int(first) <= int(last) <= 999:
+        return int(first), int(last)
+    return None
+
+
+LINKED = (
+    Linked("layers", "rollout_layers", _layer_range, lambda ctx: (1, ctx.cap.num_layers),
+           lambda layers: f"{layers[0]}-{layers[1]}", fits=lambda layers, ctx: layers[1] <= ctx.cap.num_layers),
+    Linked("fusion", "rollout_fusion", one_of(HEAD_FUSIONS), lambda ctx: HEAD_FUSIONS[0]),
+    Linked("discard", "rollout_discard", number(0.0, 0.95, 0.05), lambda ctx: 0.0, write_number),
+)
 
 
 def side_by_side(left: Image.Image, right: Image.Image, gap: int = 12) -> Image.Image:
@@ -40,14 +56,16 @@ def show(ctx: Context) -> None:
     last_layer = cap.num_layers
     no_class_token_note(cap)  # the maps below are not a class token's when it has none
     st.markdown(t("analysis.rollout.explain"))
+    for spec in LINKED:
+        spec.prepare(st.session_state, ctx)
     c1, c2, c3 = st.columns([3, 2, 2])
-    first, last = c1.slider(t("analysis.rollout.layers"), 1, last_layer, (1, last_layer), key="rollout_layers")
+    first, last = c1.slider(t("analysis.rollout.layers"), 1, last_layer, key="rollout_layers")
     fusion = c2.selectbox(
         t("analysis.fusion"), HEAD_FUSIONS, key="rollout_fusion", format_func=lambda h: t(f"view.head_{h}"),
         placeholder=t("classroom.choose"),
     )
     discard = c3.slider(
-        t("analysis.rollout.discard"), 0.0, 0.95, 0.0, 0.05, key="rollout_discard",
+        t("analysis.rollout.discard"), 0.0, 0.95, step=0.05, key="rollout_discard",
         help=t("analysis.rollout.discard_help"), format="%.2f",
     )
     args = (first, last, fusion, discard)
@@ -79,4 +97,4 @@ def show(ctx: Context) -> None:
                     rollout=(first - 1, last - 1, fusion, discard))
 
 
-register(View("rollout", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=50))
+register(View("rollout", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=50, linked=LINKED))
