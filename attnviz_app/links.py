@@ -1,4 +1,5 @@
-"""The Explore page's and the lesson's choices in their address, so that a link opens what is on the screen.
+"""The choices of the Explore page, the lesson and the dataset page in their address, so that a link opens what is on
+the screen.
 
 ``/?view=query&layer=3&head=2&query=r3c11&photo=coffee&size=448&lang=zh-TW``: a session's first run takes these choices
 from the address, before any widget is drawn, and every Explore or lesson run writes them back, so the address bar (and the
@@ -9,7 +10,8 @@ token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token; on the 
 (``448``, ``native``) are written only where they are not what the page opens on, and a model is opened only where
 the server offers it (attnviz_app/ui.py's Model box checks). The display controls a view reads (``opacity``,
 ``cmap``, ``smooth``) and a view's own controls (``/?view=rollout&layers=4-12&fusion=max``: each view declares them,
-attnviz_app/views/base.py's ``Linked``) are written only where they differ from what the view opens on. Uploads never
+attnviz_app/views/base.py's ``Linked``) are written only where they differ from what the view opens on. The dataset
+page (``/dataset?layer=3&head=2&run=r1&ranking=focused``) names its run by its folder's name. Uploads never
 travel: only the sample photos have names. A value the page does not offer is left out, and the page opens on its own
 default there.
 """
@@ -26,9 +28,11 @@ from attnviz.softmax import HEAD_FUSIONS
 from .settings import NATIVE
 from .views.base import DISPLAY, Context, View
 
-LINKED = ("view", "layer", "head", "query", "step", "photo", "model", "size", "lang")  # in the order a link writes them
+# in the order a link writes them; "run" and "ranking" are the dataset page's
+LINKED = ("view", "layer", "head", "query", "run", "ranking", "step", "photo", "model", "size", "lang")
 PRESENT = "present"  # the presenter view's own parameter (attnviz_app/classroom.py): the only one a page keeps
 _RESTORED = "_links_restored"
+_ASKED = "_links_asked"  # the address a session opened on, for pages that read it as they draw (asked())
 # The lesson's Layer slider, its Head box's remembered choice and its step tab (screens/lesson.py): a link's
 # layer, head and step open the lesson there
 LESSON_LAYER, LESSON_HEAD, LESSON_STEP = "lesson_layer", "lesson_head", "lesson_step"
@@ -41,6 +45,7 @@ def restore() -> None:
         return
     st.session_state[_RESTORED] = True
     asked = st.query_params
+    st.session_state[_ASKED] = asked.to_dict()
     if asked.get("lang") in i18n.LANGUAGES:
         st.session_state["lang"] = asked["lang"]
     if asked.get("photo") in attnviz.photos.SAMPLES:
@@ -74,6 +79,18 @@ def restore() -> None:
                 st.session_state[spec.key] = value  # the view checks it against the model (Linked.prepare)
 
 
+def asked(name: str) -> str | None:
+    """What the address the session opened on asks of ``name``, once: None after the first call, so that a
+    later run keeps the page's own choice (the dataset page checks a run's name against the runs it lists)."""
+    return st.session_state.get(_ASKED, {}).pop(name, None)
+
+
+def asked_number(name: str) -> int | None:
+    """:func:`asked`, where a link's value is a count from 1 (a layer, a head)."""
+    words = asked(name) or ""
+    return int(words) if words.isdecimal() and 1 <= int(words) <= 999 else None
+
+
 def sample_shown() -> str | None:
     """The sample photo's name where the page shows a sample (an upload or a camera shot has none to link)."""
     return st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
@@ -81,14 +98,14 @@ def sample_shown() -> str | None:
 
 def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,
             head: str | int | None = None, query: str | None = None, step: int | None = None,
-            model: str | None = None, size: str | None = None,
+            model: str | None = None, size: str | None = None, run: str | None = None, ranking: str | None = None,
             controls: dict[str, str] | None = None) -> dict[str, str]:
     """The address's values for what is shown: ``photo`` a sample's name (None for anything else), the view,
     layer, head, query token and lesson step where the page shows them (the Swin page has none of its own: None),
-    the model and size where they are not the page's first (``Settings.linked``), and the view's ``controls``
-    (:func:`controls`) after the query."""
+    the model and size where they are not the page's first (``Settings.linked``), the dataset page's run and
+    ranking, and the view's ``controls`` (:func:`controls`) after the query."""
     said = {"view": view, "layer": layer, "head": head, "query": query, "step": step, "photo": photo, "model": model,
-            "size": size, "lang": lang, **(controls or {})}
+            "size": size, "run": run, "ranking": ranking, "lang": lang, **(controls or {})}
     order = (*LINKED[:4], *(controls or {}), *LINKED[4:])  # the view's controls after its query
     return {name: str(said[name]) for name in order if said[name] is not None}
 
@@ -104,6 +121,7 @@ def controls(view: View, state, ctx: Context) -> dict[str, str]:
 def publish(linked: dict[str, str]) -> None:
     """Write ``linked`` (from :func:`choices`) into the address, in its order; every other parameter goes, but
     ``present``. The address is rewritten only when it says something else (a link's own order included)."""
+    st.session_state.pop(_ASKED, None)  # the link is spent: another page opened later starts on its own choices
     params = st.query_params
     wanted = {**linked, **({PRESENT: params[PRESENT]} if PRESENT in params else {})}
     if list(params.to_dict().items()) != list(wanted.items()):

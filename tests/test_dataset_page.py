@@ -95,3 +95,37 @@ def test_the_heads_chart_downloads_as_svg_and_pdf(runs, monkeypatch):
     assert b"http" not in svg.replace(b"http://www.w3.org", b"")  # nothing fetched from outside the file
     pdf = pypdf.PdfReader(io.BytesIO(figure.chart_bytes(spec, "pdf")))
     assert "layer" in " ".join(page.extract_text() for page in pdf.pages).lower()
+
+
+def test_a_link_opens_the_run_layer_head_and_ranking_it_names(runs, monkeypatch):
+    """/dataset?layer=3&head=2&run=small-run&ranking=focused: a colleague opens the same head's photos."""
+    monkeypatch.setenv("ATTNVIZ_DATASETS", str(runs))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update(layer="3", head="2", run="small-run", ranking="focused")
+    at.switch_page("screens/dataset.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="dataset_layer").value == 3 and at.selectbox(key="dataset_head").value == 2
+    assert at.session_state["dataset_ranking"] == "focused"
+    heads = read_run(runs / "small-run").heads.to_pandas()
+    rows = heads[(heads["layer"] == 2) & (heads["head"] == 1)].sort_values(["mass60_fraction", "path"])
+    captions = [img.caption for el in at.get("image") for img in el.proto.imgs]
+    assert [c.split(" · ")[0] for c in captions] == [p.rsplit("/", 1)[1] for p in rows["path"]]
+    nearest = heads[(heads["layer"] == 2) & (heads["head"] == 1)].sort_values(["distance_px", "path"])
+    assert list(nearest["path"]) != list(rows["path"])  # the ranking's own order, not the first ranking's
+    assert at.query_params == {"layer": "3", "head": "2", "run": "small-run", "ranking": "focused", "lang": "en"}
+    at.selectbox(key="dataset_head").select(4).run()  # the address follows the page
+    assert at.query_params["head"] == "4" and at.selectbox(key="dataset_layer").value == 3
+
+
+@pytest.mark.parametrize("params", [
+    {"layer": "13", "head": "7", "run": "../in", "ranking": "largest"},  # the run has 12 layers of 6 heads
+    {"layer": "0", "head": "x", "run": "", "ranking": ""},
+])
+def test_a_dataset_link_s_values_the_run_does_not_offer_are_left_out(runs, monkeypatch, params):
+    monkeypatch.setenv("ATTNVIZ_DATASETS", str(runs))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update(params)
+    at.switch_page("screens/dataset.py").run()
+    assert not at.exception and at.selectbox(key="dataset_run").value == str(runs / "small-run")
+    assert at.selectbox(key="dataset_layer").value == 12 and at.selectbox(key="dataset_head").value == 1
+    assert at.query_params == {"layer": "12", "head": "1", "run": "small-run", "ranking": "local", "lang": "en"}

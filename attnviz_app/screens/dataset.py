@@ -19,7 +19,7 @@ with startup.importing():
     import altair as alt
     import pandas as pd
 
-    from attnviz_app import ui
+    from attnviz_app import classroom, links, ui
     from attnviz_app.views.common import download_chart
     from attnviz import dataset, i18n, render, runfiles
     from attnviz.adapters import family_of_name
@@ -165,6 +165,9 @@ def page() -> None:
                   example=f"${ROOT_VARIABLE}/my-run"))
         st.stop()
     names = {str(run): run.name or str(run) for run in runs}
+    linked_run = links.asked("run")  # a link names a run by its folder's name, as the box shows it
+    if linked_run is not None and (found := [out for out, name in names.items() if name == linked_run]):
+        st.session_state["dataset_run"] = found[0]
     out = st.selectbox(t("dataset.run"), list(names), format_func=names.get, key="dataset_run",
                        help=t("dataset.run_help", var=ROOT_VARIABLE))
     try:
@@ -204,24 +207,38 @@ def page() -> None:
                    key="dataset_scatter")
 
     # --- One head's photos ---
-    st.subheader(t("dataset.chosen_header"))
+    st.subheader(t("dataset.chosen_header"), anchor="chosen")
     if run.staged:  # the most-attended patch and the maps are on each layer's own grid
         grids = sorted(set(run.layer_grids), reverse=True)
         st.info(t("dataset.staged_note", heads=", ".join(str(n) for n in dict.fromkeys(run.heads_per_layer)),
                   grids=", ".join(f"{h} × {w}" for h, w in grids)), icon=":material/info:")
     left, middle, right = st.columns([1, 1, 3])
-    layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), index=run.num_layers - 1, key="dataset_layer")
+    state = st.session_state
+    asked_layer, asked_head = (links.asked_number(name) for name in ("layer", "head"))
+    asked_ranking = links.asked("ranking")
+    if asked_layer is not None and asked_layer <= run.num_layers:  # a link's layer, where this run has it
+        state["dataset_layer"] = asked_layer
+    if state.get("dataset_layer") not in range(1, run.num_layers + 1):  # first, or kept from a deeper run
+        state["dataset_layer"] = run.num_layers
+    layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), key="dataset_layer")
     # With stages each layer has its own head count: the box of that count, so a kept head always exists.
     layer_heads = run.heads_of((layer or 1) - 1)
-    head = middle.selectbox(t("dataset.head"), range(1, layer_heads + 1),
-                            key=f"dataset_head.{layer_heads}" if run.staged else "dataset_head")
+    head_key = f"dataset_head.{layer_heads}" if run.staged else "dataset_head"
+    if asked_head is not None and asked_head <= layer_heads:
+        state[head_key] = asked_head
+    head = middle.selectbox(t("dataset.head"), range(1, layer_heads + 1), key=head_key)
     # The widget's key carries the language (translated labels would leave a kept radio with no choice
     # after a language switch); the choice itself is remembered without it.
     rankings = list(dataset.RANKINGS)
+    if asked_ranking in rankings:
+        state["dataset_ranking"] = asked_ranking
     remembered = st.session_state.get("dataset_ranking", rankings[0])
     ranking = right.radio(t("dataset.ranking"), rankings, index=rankings.index(remembered),
                           key=f"dataset_ranking.{st.session_state['lang']}", format_func=lambda r: t(f"dataset.ranking_{r}"))
     st.session_state["dataset_ranking"] = ranking
+    links.publish(links.choices(None, st.session_state["lang"], layer=layer, head=head, run=names[out], ranking=ranking))
+    if (asked_layer, asked_head, asked_ranking) != (None, None, None):  # a link to a head: its photos, not the title
+        classroom.bring_to_top("#chosen")
     chosen = dataset.extremes(heads, (layer or 1) - 1, (head or 1) - 1, ranking, SHOWN)
     try:
         with st.spinner(t("model.loading")):
