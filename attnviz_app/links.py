@@ -26,7 +26,7 @@ from attnviz import i18n
 from attnviz.softmax import HEAD_FUSIONS
 
 from .settings import NATIVE
-from .views.base import DISPLAY, Context, View
+from .views.base import DISPLAY, Context, Linked
 
 # in the order a link writes them; "run" and "ranking" are the dataset page's
 LINKED = ("view", "layer", "head", "query", "run", "ranking", "step", "photo", "model", "size", "lang")
@@ -110,11 +110,10 @@ def choices(photo: str | None, lang: str, view: str | None = None, layer: int | 
     return {name: str(said[name]) for name in order if said[name] is not None}
 
 
-def controls(view: View, state, ctx: Context) -> dict[str, str]:
-    """The address's words for the display controls ``view`` reads and for its own controls (``Linked``), where
-    they differ from what it opens on for ``ctx``'s model and capture."""
-    used = view.used(state)
-    specs = [*(spec for spec in DISPLAY if spec.key in used), *view.linked]
+def controls(state, ctx: Context | None, used: frozenset[str], linked: tuple[Linked, ...] = ()) -> dict[str, str]:
+    """The address's words for the display controls a view reads (``used``) and for its own controls (``linked``),
+    where they differ from what it opens on for ``ctx``'s model and capture."""
+    specs = [*(spec for spec in DISPLAY if spec.key in used), *linked]
     return {spec.name: words for spec in specs if (words := spec.words(state, ctx)) is not None}
 
 

@@ -111,6 +111,32 @@ def test_a_link_opens_a_swin_in_the_presenter_view_with_its_join_box_naming_it(o
     assert encoded[-1] == f"http://attnviz.school/?photo=rocket&model={quote(CHOICE)}&lang=zh-TW"
 
 
+def test_a_swin_link_opens_the_stage_block_head_and_query_patch_it_names(owner):
+    """/?stage=2&block=1&head=3&show=query&query=r5c6: the Swin picture on the projector, not the last stage's
+    summary; a value the model lacks (a fifth stage, a third block) is left out."""
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"model": CHOICE, "stage": "2", "block": "1", "head": "3", "show": "query",
+                            "query": "r5c6", "cmap": "viridis", "photo": "coffee"})
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="stage").value == 1 and at.selectbox(key="stage_block_1").value == 0
+    assert at.selectbox(key="stage_head").value == 3 and at.radio(key="stage_show").value == "query"
+    assert at.selectbox(key="cmap").value == "viridis"
+    titles = " ".join(h.value for h in at.subheader)
+    assert "row 5, column 6" in titles and "Stage 2, block 1, head 3" in titles, titles
+    assert at.query_params == {"head": "3", "query": "r5c6", "cmap": "viridis", "stage": "2", "block": "1",
+                               "show": "query", "photo": "coffee", "model": CHOICE, "lang": "en"}
+    at.radio(key="stage_show").set_value("summary").run()  # the address follows the page
+    assert "show" not in at.query_params and "query" not in at.query_params and at.query_params["stage"] == "2"
+
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"model": CHOICE, "stage": "5", "block": "3", "head": "99", "show": "all"})
+    at.run()
+    assert not at.exception and at.selectbox(key="stage").value == 3 and at.selectbox(key="stage_block_3").value == 1
+    assert at.selectbox(key="stage_head").value == "mean" and at.radio(key="stage_show").value == "summary"
+    assert at.query_params == {"photo": "cat", "model": CHOICE, "lang": "en"}
+
+
 def test_the_page_numbers_are_the_library_numbers(owner):
     """What the page states for the query (its self-weight) is this capture's number, from the library."""
     at = AppTest.from_file(APP, default_timeout=300)

@@ -60,14 +60,16 @@ def page() -> None:
         from attnviz_app.views import stages
 
         with result, st.container(key="result"):
-            stages.show(views.Context(  # Layer and Head left as they are: the Stage view has its own per stage
+            shown = stages.show(views.Context(  # Layer and Head left as they are: the Stage view has its own per stage
                 model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=cap.num_layers - 1,
                 head="mean",
                 alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit, cap_key=cap_key, present=present,
                 narrow=classroom.narrow(), recall=recall,
             ), panel=panel if present else None)
         classroom.bring_into_view(f"{cap_key[1]}:stages:{present}")  # a phone scrolls to the picture, as on a ViT
-        linked = links.choices(photo, st.session_state["lang"], **settings.linked)
+        linked = links.choices(
+            photo, st.session_state["lang"], head=shown.pop("head", None), query=shown.pop("query", None),
+            **settings.linked, controls=links.controls(st.session_state, None, views.ALL) | shown)
         links.publish(linked)
         if present:
             with panel:
@@ -127,7 +129,8 @@ def page() -> None:
     # after the view, which drops a linked value this capture does not offer (Linked.prepare)
     linked = links.choices(photo, st.session_state["lang"], chosen, layer, head,
                            query=link_name(cap) if VIEWS[chosen].reads_query else None, **settings.linked,
-                           controls=links.controls(VIEWS[chosen], st.session_state, ctx))
+                           controls=links.controls(st.session_state, ctx, VIEWS[chosen].used(st.session_state),
+                                                   VIEWS[chosen].linked))
     links.publish(linked)
     classroom.bring_into_view(f"{cap_key[1]}:{chosen}:{present}")
 

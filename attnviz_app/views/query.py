@@ -57,6 +57,12 @@ def link_name(cap) -> str:
     return f"r{row + 1}c{col + 1}"
 
 
+def patch_named(name: str) -> tuple[int, int] | None:
+    """A link's ``r3c11`` as (row, column), 0-based; None for anything else."""
+    found = re.fullmatch(r"r([1-9][0-9]{0,2})c([1-9][0-9]{0,2})", name)
+    return (int(found[1]) - 1, int(found[2]) - 1) if found else None
+
+
 def follow_link(name: str) -> None:
     """Make the query the one a link names (:func:`link_name`'s words); anything else is left out. A patch past
     the model's grid is its last row or column (:func:`current_query`), a register it lacks the class token."""
@@ -64,9 +70,8 @@ def follow_link(name: str) -> None:
         st.session_state["query_token"] = 0
     elif found := re.fullmatch(r"reg([1-9][0-9]?)", name):
         st.session_state["query_token"] = int(found[1])
-    elif found := re.fullmatch(r"r([1-9][0-9]{0,2})c([1-9][0-9]{0,2})", name):
-        st.session_state["query_token"] = PATCH
-        st.session_state["query_patch"] = (int(found[1]) - 1, int(found[2]) - 1)
+    elif patch := patch_named(name):
+        st.session_state["query_token"], st.session_state["query_patch"] = PATCH, patch
 
 
 def _clicked() -> None:

@@ -12,13 +12,17 @@ import streamlit as st
 from attnviz import render
 from attnviz.capture import HEAD_FUSIONS
 
+from .. import links
 from ..text import t
 from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
                      head_part, mark_patch, selected_points)
 from .base import Context
+from .query import patch_named
 from .takeaway import files
 
 CHART_KEY = "stage_query_chart"
+LINKED = ("stage", "block", "show")  # its own names in a link, beside head and query (attnviz_app/links.py)
+SHOWN = ("summary", "query", "matrix")
 WINDOW_COLOUR = (255, 255, 255)
 
 
@@ -134,14 +138,37 @@ def query_picture(cap, view, layer: int, head, patch: tuple[int, int], alpha: fl
     return mark_patch(window_lines(picture, cap, layer, token), lay.grid, patch)
 
 
-def show(ctx: Context, panel=None) -> None:
+def _follow_link(state, stages) -> None:
+    """The stage, block, head, what to show and query patch a link names (``?stage=2&block=1&head=3&show=query&query=r3c4``,
+    counted from 1), where this model has them; read once, before the boxes are drawn."""
+    asked = {name: links.asked(name) or "" for name in (*LINKED, "head", "query")}
+    if asked["stage"].isdecimal() and 1 <= int(asked["stage"]) <= len(stages):
+        state["stage"] = int(asked["stage"]) - 1
+    stage = state.get("stage", len(stages) - 1)
+    if asked["block"].isdecimal() and stage in range(len(stages)) and 1 <= int(asked["block"]) <= len(stages[stage]):
+        state[f"stage_block_{stage}"] = int(asked["block"]) - 1
+    if asked["head"] in HEAD_FUSIONS or (asked["head"].isdecimal() and 1 <= int(asked["head"]) <= 999):
+        state["stage_head"] = asked["head"] if asked["head"] in HEAD_FUSIONS else int(asked["head"])
+    if asked["show"] in SHOWN:
+        state["stage_show"] = asked["show"]
+    if patch := patch_named(asked["query"]):
+        state["stage_query"] = patch
+
+
+def show(ctx: Context, panel=None) -> dict[str, str]:
     """The Stage view. It reads the display controls of ``ctx`` (opacity, colours, smoothing) and not its Layer and
     Head: each stage has its own Block and Head boxes here. Its downloads get the capture back when clicked.
     ``panel`` (the presenter view's side column) takes the Stage, Block, Head and Show boxes, as it takes Layer, Head
-    and View on a ViT; what the stages are then goes under the picture, which keeps the projector's height."""
+    and View on a ViT; what the stages are then goes under the picture, which keeps the projector's height.
+    Returns the words a link to what it shows needs (``stage``, ``block``, ``head``, ``show``, ``query``, counted
+    from 1), each where it is not what the view opens on."""
     model, cap, view, narrow = ctx.model, ctx.cap, ctx.view, ctx.narrow
     alpha, cmap, smooth = ctx.alpha, ctx.cmap, ctx.smooth
     stages = cap.stages
+    state = st.session_state
+    _follow_link(state, stages)
+    if state.get("stage") not in range(len(stages)):  # first, or kept from a model with more stages
+        state["stage"] = len(stages) - 1
 
     if not ctx.present:  # the presenter view keeps the projector's height for the picture: this is under it there
         st.info(intro(model, cap))
@@ -153,17 +180,16 @@ def show(ctx: Context, panel=None) -> None:
     stage_labels = [t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0], w=cap.grid(stages[s][0])[1],
                       patch=cap.layout(stages[s][0]).patch) for s in range(len(stages))]  # the box keeps these, not cap
     stage = stage_col.selectbox(
-        t("stages.stage"), list(range(len(stages))), index=len(stages) - 1, key="stage",
+        t("stages.stage"), list(range(len(stages))), key="stage",
         format_func=stage_labels.__getitem__)
     blocks = stages[stage]
     # one Block box per stage: each stage keeps its own choice, and its labels (which blocks are shifted)
     # are never those of another stage's box
     key = f"stage_block_{stage}"
-    kept = st.session_state.get(key, len(blocks) - 1)
-    if not isinstance(kept, int) or not 0 <= kept < len(blocks):  # kept from another model
-        st.session_state[key] = len(blocks) - 1
+    if state.get(key) not in range(len(blocks)):  # first, or kept from another model
+        state[key] = len(blocks) - 1
     labels = [block_label(cap.layout(blocks[b]), b + 1) for b in range(len(blocks))]  # the box keeps these, not cap
-    block = block_col.selectbox(t("stages.block"), list(range(len(blocks))), index=len(blocks) - 1, key=key,
+    block = block_col.selectbox(t("stages.block"), list(range(len(blocks))), key=key,
                                 format_func=labels.__getitem__)
     layer = blocks[block]
     lay = cap.layout(layer)
@@ -175,7 +201,7 @@ def show(ctx: Context, panel=None) -> None:
         format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h))
     head = picked if isinstance(picked, str) else picked - 1
     kind = cap.summary_kind(layer)
-    what = what_col.radio(t("stages.show"), ["summary", "query", "matrix"], key="stage_show", horizontal=True,
+    what = what_col.radio(t("stages.show"), SHOWN, key="stage_show", horizontal=True,
                           format_func=lambda w: t("stages.summary_cls" if w == "summary" and kind == "cls" else f"stages.{w}"))
     names = dict(stage=stage + 1, block=block + 1, head=head_label(head))
     width = 358 if narrow else 560
@@ -183,6 +209,7 @@ def show(ctx: Context, panel=None) -> None:
     if what == "query" and only_class:
         st.info(t("stages.only_class_queries"))
         what = "summary"
+    query = None  # the query patch shown, as a link names it
     if what == "matrix":
         matrix(cap, layer, head, cmap, names, stage, block, width)
     elif what == "summary":
@@ -213,7 +240,7 @@ def show(ctx: Context, panel=None) -> None:
         h, w = lay.grid  # the queries' grid; the map is drawn at the keys' grid
         row, col = st.session_state.get("stage_query", (h // 2, w // 2))
         row, col = min(row, h - 1), min(col, w - 1)
-        token = lay.prefix + row * w + col
+        token, query = lay.prefix + row * w + col, f"r{row + 1}c{col + 1}"
         grid_map = cap.query_map(layer, head, token)
         drawn = (layer, head, (row, col), alpha, cmap, smooth)
         picture = query_picture(cap, view, *drawn)
@@ -239,3 +266,8 @@ def show(ctx: Context, panel=None) -> None:
             st.info(intro(model, cap))
     files(model, cap, "mean", alpha, cmap, ctx.later())  # every (stage, block) as the interactive page and the GIF
     st.caption(t("stages.not_drawn"))
+    said = {"stage": (stage, len(stages) - 1), "block": (block, len(blocks) - 1), "head": (picked, "mean"),
+            "show": (what, SHOWN[0])}
+    words = {name: str(value + 1 if name in ("stage", "block") else value)
+             for name, (value, first) in said.items() if value != first}
+    return words | ({"query": query} if query else {})
