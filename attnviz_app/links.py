@@ -14,6 +14,10 @@ attnviz_app/views/base.py's ``Linked``) are written only where they differ from 
 page (``/dataset?layer=3&head=2&run=r1&ranking=focused``) names its run by its folder's name. Uploads never
 travel: only the sample photos have names. A value the page does not offer is left out, and the page opens on its own
 default there.
+
+Not Streamlit 1.67's ``bind="query-params"``: it names a parameter after the widget's key and writes a select box's
+shown label, which is translated here, so a link made in Chinese would not open in English; and a view's widgets
+are drawn only while it is shown, where a link must carry them from the first run.
 """
 from __future__ import annotations
 
