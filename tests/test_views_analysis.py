@@ -318,3 +318,46 @@ def test_clickable_pictures_are_svg_at_every_size(view):
         assert spec["usermeta"]["embedOptions"]["renderer"] == "svg"
         cells = max(pa.ipc.open_stream(d.data.data).read_all().num_rows for d in data)
         assert cells == 37 * 37  # one clickable cell per patch of the 518 px grid
+
+
+def _marks(spec):
+    """Every mark of a Vega-Lite spec, with the encoding beside it: (mark dict, encoding dict)."""
+    if isinstance(spec, dict):
+        if "mark" in spec:
+            mark = spec["mark"] if isinstance(spec["mark"], dict) else {"type": spec["mark"]}
+            yield mark, spec.get("encoding", {})
+        for value in spec.values():
+            yield from _marks(value)
+    elif isinstance(spec, list):
+        for value in spec:
+            yield from _marks(value)
+
+
+@pytest.mark.parametrize("view, spoken", [("query", "patch (row 3, column 4)"), ("heads", "Layer 3, head 2"),
+                                          ("qkmap", "query · patch (row 3, column 4)")])
+def test_a_screen_reader_gets_a_name_for_each_cell_and_never_a_picture_s_data_url(view, spoken):
+    """Vega names each mark for screen readers from its data: a picture's mark was read out as its data URL (tens
+    of kB of base64) and a cell as "col: 3; row: 2; c1: 4; r1: 3". Pictures are hidden from it; cells, tiles and
+    points say which patch or head they are, in the page's language."""
+    import json
+
+    import pyarrow as pa
+
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["view"] = view
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    described = []
+    for chart in at.get("vega_lite_chart"):
+        spec = json.loads(chart.proto.spec)
+        marks = list(_marks(spec))
+        for mark, encoding in marks:
+            if mark["type"] == "image":
+                assert mark.get("aria") is False, mark
+            if "description" in encoding:
+                field = encoding["description"]["field"]
+                for data in chart.proto.datasets:
+                    table = pa.ipc.open_stream(data.data.data).read_all()
+                    if field in table.column_names:
+                        described += table.column(field).to_pylist()
+    assert spoken in described, described[:5]

@@ -166,16 +166,18 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
     h, w = grid
     # the browser scales the picture; the cells stay exact
     side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)  # a narrower column scales it (BASE_CSS)
-    cells = pd.DataFrame([(r, c, r + 1, c + 1) for r in range(h) for c in range(w)], columns=["row", "col", "r1", "c1"])
+    cells = pd.DataFrame([(r, c, r + 1, c + 1, t("analysis.patch", row=r + 1, col=c + 1)) for r in range(h) for c in range(w)],
+                         columns=["row", "col", "r1", "c1", "label"])
     x = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     y = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
     pick = alt.selection_point(name="patch", fields=["row", "col"], on="click", clear=False)
     hover = alt.selection_point(name="hover", fields=["row", "col"], on="pointerover", clear="pointerout")
     whole = pd.DataFrame([{"col": 0, "row": 0, "c1": w, "r1": h, "url": data_url(picture)}])
-    photo = alt.Chart(whole).mark_image(aspect=False).encode(x=x, x2="c1:Q", y=y, y2="r1:Q", url="url:N")
+    # aria=False: a screen reader's description of the picture was its data URL, tens of kB of base64
+    photo = alt.Chart(whole).mark_image(aspect=False, aria=False).encode(x=x, x2="c1:Q", y=y, y2="r1:Q", url="url:N")
     # Nearly transparent cells (fully transparent ones catch no clicks); the hovered one gets a white frame.
     grid_layer = alt.Chart(cells).mark_rect(fill="white", fillOpacity=0.01, stroke="white", strokeWidth=2).encode(
-        x=x, x2="c1:Q", y=y, y2="r1:Q",
+        x=x, x2="c1:Q", y=y, y2="r1:Q", description="label:N",  # a screen reader's name for the cell
         strokeOpacity=alt.condition(hover, alt.value(0.9), alt.value(0.0), empty=False),
         tooltip=[alt.Tooltip("r1:Q", title=t("analysis.row")), alt.Tooltip("c1:Q", title=t("analysis.column"))],
     ).add_params(pick, hover)

@@ -12,7 +12,7 @@ from ..text import t
 
 from .base import ALL, Context, View, register
 from .cls import no_class_token_note
-from .common import QUERY_COLOUR, data_url, download_figure, download_png, selected_points
+from .common import QUERY_COLOUR, data_url, download_figure, download_png, head_label, selected_points
 
 CHART_KEY = "heads_chart"
 CELL_PX = 72  # side of one small map on the page
@@ -99,7 +99,8 @@ def show(ctx: Context) -> None:
     chosen_head = MEAN if ctx.head == MEAN else (str(ctx.head + 1) if isinstance(ctx.head, int) else None)
     cells = pd.DataFrame([
         {"layer": l + 1, "head": names[c], "url": data_url(tiles[l][c]),
-         "chosen": (l == ctx.layer and names[c] == chosen_head)}
+         "chosen": (l == ctx.layer and names[c] == chosen_head),
+         "label": f"{t('view.layer')} {l + 1}, {head_label(MEAN if names[c] == MEAN else c)}"}
         for l in range(num_layers) for c in range(num_heads + 1)
     ])
     mean_word = t("analysis.heads.mean").replace("'", "")
@@ -110,8 +111,9 @@ def show(ctx: Context) -> None:
     y = alt.Y("layer:O", title=t("analysis.heads.layer"), scale=alt.Scale(paddingInner=0.08, paddingOuter=0.02))
     pick = alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False)
     base = alt.Chart(cells).encode(x=x, y=y)
-    images = base.mark_image(width=cell, height=cell).encode(url="url:N")
+    images = base.mark_image(width=cell, height=cell, aria=False).encode(url="url:N")  # not its data URL, read aloud
     frames = base.mark_rect(fill="white", fillOpacity=0.01, strokeWidth=3).encode(
+        description="label:N",  # what a screen reader says for the tile
         stroke=alt.condition("datum.chosen", alt.value("#00ffff"), alt.value("transparent")),
         tooltip=[alt.Tooltip("layer:O", title=t("analysis.heads.layer")),
                  alt.Tooltip("head:N", title=t("analysis.heads.head"))],

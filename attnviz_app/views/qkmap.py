@@ -95,8 +95,8 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
     cx = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     cy = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
     whole = pd.DataFrame([{"col": 0, "row": 0, "c1": w, "r1": h, "url": data_url(picture)}])
-    image = alt.Chart(whole).mark_image(aspect=False).encode(x=cx, x2="c1:Q", y=cy, y2="r1:Q", url="url:N")
-    frame = alt.Chart(patches).mark_rect(fillOpacity=0, stroke="#00ffff", strokeWidth=3).encode(
+    image = alt.Chart(whole).mark_image(aspect=False, aria=False).encode(x=cx, x2="c1:Q", y=cy, y2="r1:Q", url="url:N")
+    frame = alt.Chart(patches).mark_rect(fillOpacity=0, stroke="#00ffff", strokeWidth=3, aria=False).encode(
         x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter({"param": "hover", "empty": False})
     photo = alt.layer(image, frame).properties(width=photo_side, height=photo_side, title=t("qkmap.hover_title"))
     chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
@@ -119,6 +119,7 @@ def points_plot(qk: qkmap.QKMap, values: np.ndarray, query: int, colour_title: s
         "token": qk.token, "label": [labels[i] for i in qk.token],
         "row": qk.row, "col": qk.column, "value": values,
     })
+    data["spoken"] = data["kind_label"] + " · " + data["label"]  # what a screen reader says for a point
     x = alt.X("x:Q", axis=alt.Axis(title=t("qkmap.axis_1"), labels=False, ticks=False), scale=alt.Scale(zero=False))
     y = alt.Y("y:Q", axis=alt.Axis(title=t("qkmap.axis_2"), labels=False, ticks=False), scale=alt.Scale(zero=False))
     shape = alt.Shape("kind_label:N", scale=alt.Scale(domain=[t("qkmap.query"), t("qkmap.key")],
@@ -130,12 +131,13 @@ def points_plot(qk: qkmap.QKMap, values: np.ndarray, query: int, colour_title: s
                alt.Tooltip("value:Q", title=colour_title, format=".3f")]
     points = alt.Chart(data[data["row"] >= 0]).mark_point(filled=True, size=30 if not narrow else 18,
                                                           opacity=0.8).encode(
-        x=x, y=y, shape=shape, tooltip=tooltip,
+        x=x, y=y, shape=shape, tooltip=tooltip, description="spoken:N",
         color=alt.Color("value:Q", scale=alt.Scale(scheme="viridis"),
                         legend=alt.Legend(title=colour_title, orient="bottom", gradientLength=min(side - 60, 260))),
     ).add_params(hover, pick)
     prefix = alt.Chart(data[data["row"] < 0]).mark_point(filled=True, size=110, color="#d62728", stroke="black",
-                                                          strokeWidth=1).encode(x=x, y=y, shape=shape, tooltip=tooltip)
+                                                          strokeWidth=1).encode(x=x, y=y, shape=shape, tooltip=tooltip,
+                                                                                  description="spoken:N")
     start = qk.index(0, query, key=False)
     ends = [qk.index(0, int(k), key=True) for k in qk.top_keys(0, query, TOP)]
     lines = pd.DataFrame({"x": [qk.xy[start, 0]] * TOP, "y": [qk.xy[start, 1]] * TOP,
@@ -170,11 +172,13 @@ def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: n
                             labelExpr="round(datum.value + 0.5)", grid=False,
                             titleAngle=0, titleAnchor="start", titleAlign="right", titleY=-30))  # 層 upright
     whole = pd.DataFrame([{"c0": 0, "r0": 0, "c1": heads, "r1": layers, "url": data_url(picture)}])
-    image = alt.Chart(whole).mark_image(aspect=False).encode(x=x, x2="c1:Q", y=y, y2="r1:Q", url="url:N")
+    image = alt.Chart(whole).mark_image(aspect=False, aria=False).encode(x=x, x2="c1:Q", y=y, y2="r1:Q", url="url:N")
     tile = alt.selection_point(name="tile", fields=["layer", "head"], on="click", clear=False)
     hover = alt.selection_point(name="atlas_hover", fields=["layer", "head"], on="pointerover", clear="pointerout")
-    grid = alt.Chart(cells).mark_rect(fill="white", fillOpacity=0.01, stroke="#ff00aa", strokeWidth=2).encode(
-        x=x, x2="c1:Q", y=y, y2="r1:Q",
+    grid = alt.Chart(cells.assign(label=[f"{t('view.layer')} {layer}, {t('view.head_n', n=head)}"
+                                         for layer, head in zip(cells["layer"], cells["head"])])).mark_rect(
+        fill="white", fillOpacity=0.01, stroke="#ff00aa", strokeWidth=2).encode(
+        x=x, x2="c1:Q", y=y, y2="r1:Q", description="label:N",
         strokeOpacity=alt.condition(hover, alt.value(1.0), alt.value(0.0), empty=False),
         tooltip=[alt.Tooltip("layer:Q", title=t("view.layer")), alt.Tooltip("head:Q", title=t("view.head")),
                  alt.Tooltip("row_r:Q", title=t("qkmap.row_r"), format=".2f"),
