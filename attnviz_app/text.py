@@ -21,9 +21,12 @@ def device_label(device: object) -> str:
 
 
 # Streamlit writes a few words of its own widgets in English whatever the page's language (the uploader's "Upload" and
-# "50MB per file", the camera's "Take Photo", the keyboard's "Skip to main content" link; streamlit/streamlit#13500).
-# Once per language, this script rewrites those text nodes inside those widgets, whole nodes only, and keeps doing so
-# as Streamlit redraws them; back in English it puts Streamlit's words back.
+# "50MB per file", the camera's "Take Photo", the keyboard's "Skip to main content" link, the toolbars' tooltips "Show
+# data" and "Fullscreen"; streamlit/streamlit#13500), and names its buttons for screen readers in English ("Help for
+# 層", "Collapse sidebar"). Once per language, this script rewrites those text nodes inside those widgets and
+# tooltips, and those names (aria-label) on Streamlit's own elements, whole only, and keeps doing so as Streamlit
+# redraws them; back in English it puts Streamlit's words back. Vega's own names of axes and legends in a chart's SVG
+# are left as they are.
 WIDGET_WORDS_JS = """
 <style>
 /* an element that only runs a script (this one, the classroom's) takes no room: it left a 16 px gap above the page */
@@ -33,25 +36,41 @@ WIDGET_WORDS_JS = """
 <script>
 (() => {
   window.__attnvizWords = %(rules)s.map(([pattern, text]) => [new RegExp(pattern), text]);
-  const widgets = '[data-testid="stFileUploader"], [data-testid="stCameraInput"], [data-testid="stSkipToContent"]';
+  const widgets = '[data-testid="stFileUploader"], [data-testid="stCameraInput"], [data-testid="stSkipToContent"], ' +
+    '[data-testid="stTooltipContent"]';
+  const named = 'button[aria-label], a[aria-label], nav[aria-label], section[aria-label], div[aria-label], ' +
+    'input[aria-label]';
+  const translated = (own) => {
+    let text = own;
+    for (const [pattern, words] of window.__attnvizWords) text = text.replace(pattern, words);
+    return text;
+  };
   const rewrite = () => {
     for (const widget of document.querySelectorAll(widgets)) {
       const walker = document.createTreeWalker(widget, NodeFilter.SHOW_TEXT);
       for (let node = walker.nextNode(); node; node = walker.nextNode()) {
         // Streamlit's own words: what it wrote last, unless it has written something else since
         const own = node.nodeValue === node.__attnvizWritten ? node.__attnvizOwn : node.nodeValue;
-        let text = own;
-        for (const [pattern, words] of window.__attnvizWords) text = text.replace(pattern, words);
+        const text = translated(own);
         node.__attnvizOwn = own;
         node.__attnvizWritten = text;
         if (node.nodeValue !== text) node.nodeValue = text;
       }
     }
+    for (const element of document.querySelectorAll(named)) {  // the same, for the names screen readers say
+      const label = element.getAttribute('aria-label');
+      const own = label === element.__attnvizWrittenLabel ? element.__attnvizOwnLabel : label;
+      const text = translated(own);
+      element.__attnvizOwnLabel = own;
+      element.__attnvizWrittenLabel = text;
+      if (label !== text) element.setAttribute('aria-label', text);
+    }
   };
   rewrite();
   if (!window.__attnvizWordsObserver) {
     window.__attnvizWordsObserver = new MutationObserver(rewrite);
-    window.__attnvizWordsObserver.observe(document.body, {childList: true, subtree: true, characterData: true});
+    window.__attnvizWordsObserver.observe(document.body, {childList: true, subtree: true, characterData: true,
+                                                          attributes: true, attributeFilter: ['aria-label']});
   }
 })();
 </script>
@@ -59,12 +78,19 @@ WIDGET_WORDS_JS = """
 
 
 def widget_words() -> None:
-    """Streamlit's English words in its uploader, its camera and its skip link, in this session's language (``streamlit.*``;
-    ``$1`` in a translation is the number the pattern caught)."""
+    """Streamlit's English words in its uploader, its camera, its skip link and its toolbars' tooltips, and the names
+    it gives its buttons for screen readers, in this session's language (``streamlit.*``; ``$1`` in a translation is
+    what the pattern caught: a number, a caption, a label)."""
     rules = [(f"^{pattern}$", t(f"streamlit.{key}")) for key, pattern in (
         ("upload", "Upload"), ("per_file", r"(\d+(?:\.\d+)?)MB per file"), ("take_photo", "Take Photo"),
         ("clear_photo", " ?Clear photo"), ("uploading", r"Uploading\.\.\."), ("drop_here", "Drag and drop a file here"),
         ("camera_asks", r"This app would like to use your camera\."), ("camera_how", r"Learn how to allow access\."),
-        ("skip", "Skip to main content"),
+        ("skip", "Skip to main content"), ("show_data", "Show data"), ("download_png", "Download as PNG"),
+        ("download_csv", "Download as CSV"), ("copy_spec", "Copy Vega-Lite spec"), ("fullscreen", "Fullscreen"),
+        ("fullscreen_of", "Fullscreen: (.+)"), ("close_fullscreen", "Close fullscreen"), ("search", "Search"),
+        ("columns", "Show/hide columns"), ("help_for", "Help for (.+)"), ("collapse_sidebar", "Collapse sidebar"),
+        ("expand_sidebar", "Expand sidebar"), ("app_pages", "App pages"), ("sidebar", "Sidebar"), ("open", "Open"),
+        ("heading_link", "Link to heading"), ("chart", "Vega visualization"), ("range_start", "(.+) — start"),
+        ("range_end", "(.+) — end"),
     )]
     st.html(WIDGET_WORDS_JS % {"rules": json.dumps(rules, ensure_ascii=False)}, unsafe_allow_javascript=True)

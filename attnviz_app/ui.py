@@ -56,7 +56,8 @@ def first_value(key: str, value: object) -> None:
 
 def language_picker() -> None:
     """Sidebar: the language of every page."""
-    st.sidebar.selectbox("Language / 語言", list(i18n.LANGUAGES), format_func=i18n.LANGUAGES.get, key="lang")
+    st.sidebar.selectbox("Language / 語言", list(i18n.LANGUAGES), format_func=i18n.LANGUAGES.get, key="lang",
+                         placeholder="Choose / 選擇")  # in both languages, as its label (Streamlit's is English)
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)

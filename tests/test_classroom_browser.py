@@ -248,9 +248,10 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
 
 @pytest.mark.browser
 def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app_in_chromium):
-    """Streamlit writes "Upload", "50MB per file" and "Take Photo" in English only: on a Chinese page they are
-    Chinese (attnviz_app/text.py, widget_words), and back in English they are Streamlit's words again; the elements
-    that only run a script leave no gap above the title."""
+    """Streamlit writes "Upload", "50MB per file", "Take Photo", its toolbars' tooltips and its buttons' names for
+    screen readers ("Help for …") in English only: on a Chinese page they are Chinese (attnviz_app/text.py,
+    widget_words), and back in English they are Streamlit's words again; the elements that only run a script leave
+    no gap above the title."""
     from serve import CHROMIUM_FLAGS, FAKE_CAMERA_FLAGS, chromium_path, choose_option
 
     url, running = app_in_chromium
@@ -264,6 +265,18 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
             document.querySelector('[data-testid=stMainBlockContainer]').getBoundingClientRect().top""")
         assert gap < 100, gap  # 96 px; each script's element added 16 more
         assert page.locator("[data-testid=stSkipToContent]").inner_text() == "跳到主要內容"  # the keyboard's first stop
+        # the names a screen reader says for Streamlit's buttons, and a chart toolbar's tooltips
+        names = page.evaluate("() => [...document.querySelectorAll('button[aria-label]')].map(b => b.ariaLabel)")
+        assert "「平滑熱力圖」的說明" in names and any(n.startswith("全螢幕：") for n in names), names
+        assert not [n for n in names if n.startswith(("Help for", "Fullscreen", "Collapse"))], names
+        chart = open_page(browser, "desktop")
+        chart.goto(url + "/?lang=zh-TW&view=query")
+        chart.locator("[data-testid=stVegaLiteChart]").first.wait_for(timeout=180_000)
+        settle(chart)
+        chart.locator("[data-testid=stVegaLiteChart]").first.hover()
+        chart.locator("[data-testid=stElementToolbar] button[aria-label='顯示資料']").first.hover()
+        chart.get_by_role("tooltip").filter(has_text="顯示資料").wait_for(timeout=30_000)
+        chart.close()
         page.locator(".st-key-source label").filter(has_text="上傳照片").click()
         dropzone = page.locator("[data-testid=stFileUploaderDropzone]")
         dropzone.wait_for(timeout=60_000)
@@ -280,6 +293,8 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
         page.wait_for_function("() => /50MB per file/.test(document.querySelector('[data-testid=stFileUploaderDropzone]')?.innerText)",
                                timeout=60_000)
         assert "上傳" not in page.locator("[data-testid=stFileUploaderDropzone]").inner_text()
+        names = page.evaluate("() => [...document.querySelectorAll('button[aria-label]')].map(b => b.ariaLabel)")
+        assert "Help for Smooth heatmap" in names and "「平滑熱力圖」的說明" not in names, names  # Streamlit's again
         page.close()
     finally:
         browser.close()
