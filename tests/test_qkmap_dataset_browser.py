@@ -13,7 +13,7 @@ from attnviz import i18n
 from attnviz.dataset import RunConfig, run_local
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
 from serve import PHONE_UA, SHOTS, chromium, require_chromium, settle, streamlit_server
-from test_qkmap_browser import EXPAND_SIDEBAR, pick
+from test_qkmap_browser import pick
 from test_qkmap_dataset_page import by_hand
 
 SIZES = {
@@ -46,14 +46,6 @@ def expected_matches(root: Path, lang: str, photo: int, row: int, col: int, coun
             for rank, (logit, i, j) in enumerate(found, 1)]
 
 
-def to_chinese(page, where: str) -> None:
-    if where == "phone":  # the sidebar is folded away on a phone
-        page.locator(EXPAND_SIDEBAR).first.click()
-    pick(page, "lang", "繁體中文")
-    if where == "phone":
-        page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()
-
-
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
 @pytest.mark.parametrize("where", ["desktop", "projector", "phone"])
@@ -61,11 +53,9 @@ def test_dataset_qk_map_and_patch_search(server, where, lang):
     url, browser, root = server
     context = browser.new_context(**SIZES[where])
     page = context.new_page()
-    page.goto(url + "/dataset")
+    page.goto(url + ("/dataset?lang=zh-TW" if lang == "zh-TW" else "/dataset"))  # a link names the language
     page.locator(".st-key-dataset_qk_colour").wait_for(timeout=180_000)
     settle(page)
-    if lang == "zh-TW":
-        to_chinese(page, where)
     header = i18n.text(lang, "qkmap.dataset_header", layer=12, head=1)
     page.get_by_text(header).wait_for(timeout=60_000)
     pick(page, "dataset_qk_normalize", i18n.text(lang, "qkmap.normalize_none"))  # the raw q and k, as by_hand has them
