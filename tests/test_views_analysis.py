@@ -338,7 +338,8 @@ def _marks(spec):
 def test_a_screen_reader_gets_a_name_for_each_cell_and_never_a_picture_s_data_url(view, spoken):
     """Vega names each mark for screen readers from its data: a picture's mark was read out as its data URL (tens
     of kB of base64) and a cell as "col: 3; row: 2; c1: 4; r1: 3". Pictures are hidden from it; cells, tiles and
-    points say which patch or head they are, in the page's language."""
+    points say which patch or head they are, in the page's language; the chart itself by its heading (not "Vega
+    visualization")."""
     import json
 
     import pyarrow as pa
@@ -348,6 +349,9 @@ def test_a_screen_reader_gets_a_name_for_each_cell_and_never_a_picture_s_data_ur
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     described = []
+    headings = {h.value for h in at.subheader}
+    names = [chart.proto.alt for chart in at.get("vega_lite_chart")]
+    assert names and names[0] in headings, (names, headings)  # the chart is named by the heading above it
     for chart in at.get("vega_lite_chart"):
         spec = json.loads(chart.proto.spec)
         marks = list(_marks(spec))

@@ -122,13 +122,13 @@ def show(ctx: Context) -> None:
             st.caption(effect_title)
             effect = grid_chart(result.effect, effect_title, set(off_keys), True, "reds")
             st.altair_chart(effect, key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
-                            selection_mode="cell", width="content")
+                            selection_mode="cell", width="content", alt=effect_title)
             download_chart(effect.properties(title=effect_title), "head_ablation_effect", key="ablation_effect")
         with right:
             st.markdown(f"**{t('ablation_page.statistic')}**")
             st.caption(label(statistic))
             chart = grid_chart(values, label(statistic), set(off_keys), False, "blues")
-            st.altair_chart(chart, width="content")
+            st.altair_chart(chart, width="content", alt=label(statistic))
             download_chart(chart.properties(title=label(statistic)), f"head_{statistic}",
                            key="ablation_statistic")
         st.info(correlation_sentence(result, statistic))

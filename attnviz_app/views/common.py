@@ -155,10 +155,12 @@ def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str, stretc
     st.caption(t("analysis.scale_units", lo=float(grid_map.min()), hi=float(grid_map.max()), units=units))
 
 
-def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select, narrow: bool = False) -> None:
+def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select, narrow: bool = False,
+                      name: str | None = None) -> None:
     """``picture`` drawn by Altair with an invisible grid of patches on top; a click selects a patch.
 
-    The selection ``patch`` holds ``{"row": r, "col": c}`` (0-based); ``on_select`` runs as the callback.
+    The selection ``patch`` holds ``{"row": r, "col": c}`` (0-based); ``on_select`` runs as the callback. ``name``:
+    what a screen reader says for the picture (the heading above it); each cell is named by its patch.
     """
     import altair as alt
     import pandas as pd
@@ -166,8 +168,8 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
     h, w = grid
     # the browser scales the picture; the cells stay exact
     side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)  # a narrower column scales it (BASE_CSS)
-    cells = pd.DataFrame([(r, c, r + 1, c + 1, t("analysis.patch", row=r + 1, col=c + 1)) for r in range(h) for c in range(w)],
-                         columns=["row", "col", "r1", "c1", "label"])
+    cells = pd.DataFrame([(r, c, r + 1, c + 1, t("analysis.patch", row=r + 1, col=c + 1))
+                          for r in range(h) for c in range(w)], columns=["row", "col", "r1", "c1", "label"])
     x = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     y = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
     pick = alt.selection_point(name="patch", fields=["row", "col"], on="click", clear=False)
@@ -182,7 +184,7 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
         tooltip=[alt.Tooltip("r1:Q", title=t("analysis.row")), alt.Tooltip("c1:Q", title=t("analysis.column"))],
     ).add_params(pick, hover)
     chart = alt.layer(photo, grid_layer).properties(width=side, height=side, usermeta=SVG).configure_view(strokeWidth=0)
-    st.altair_chart(chart, key=key, on_select=on_select, selection_mode="patch", width="content")
+    st.altair_chart(chart, key=key, on_select=on_select, selection_mode="patch", width="content", alt=name)
 
 
 def selected_points(state, name: str) -> list[dict]:

@@ -107,8 +107,9 @@ def results(result: fa.Faithfulness, narrow: bool = False) -> None:
     fill = t(f"faithfulness.fill_{result.fill}")
     st.info(fa.sentence(result, lang()))
     chart = curves_chart(result, narrow)
-    st.altair_chart(chart)
-    st.caption(t("faith_page.chart_caption", fill=fill, orders=len(result.random)))
+    caption = t("faith_page.chart_caption", fill=fill, orders=len(result.random))
+    st.altair_chart(chart, alt=caption)
+    st.caption(caption)
     download_chart(chart, f"deletion_insertion_curves_{result.fill}", key="faith_curves")
     verdict = lambda v: t(f"faith_page.verdict_{v}")  # noqa: E731
     rows = fa.table(result, lang())

@@ -122,7 +122,8 @@ def show(ctx: Context) -> None:
     chart = alt.layer(images, frames).properties(
         width=alt.Step(step), height=alt.Step(step)
     ).configure_view(strokeWidth=0).configure_axis(labelFontSize=13, titleFontSize=14)
-    st.altair_chart(chart, key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content")
+    st.altair_chart(chart, key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content",
+                    alt=t("analysis.heads.title", layers=num_layers, heads=num_heads))
     chosen = (ctx.layer, names.index(chosen_head) if chosen_head in names else -1)
     download_png(ctx.deferred(sheet_of, *drawn, chosen), "all_heads.png", key="download_heads")
     download_figure(ctx, ("heads",), tuple(range(num_layers)), ("mean",), "all_heads", key="download_heads_figure")

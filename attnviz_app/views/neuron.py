@@ -64,18 +64,20 @@ def show(ctx: Context) -> None:
     row = cap.row(ctx.layer, head, query)[prefix:].reshape(h, w)  # where this query looks, in this head
     left, right = st.columns(2)
     with left:
-        st.markdown("**" + (t("neuron_page.query_token") + ": " + t("neuron_page.class_token") if from_cls else
-                            t("neuron_page.query_title", row=qr + 1, col=qc + 1)) + "**")
+        title = (t("neuron_page.query_token") + ": " + t("neuron_page.class_token") if from_cls else
+                 t("neuron_page.query_title", row=qr + 1, col=qc + 1))
+        st.markdown(f"**{title}**")
         picture = enlarge(ctx.view)
         if not from_cls:
             picture = mark_patch(picture, cap.grid, (qr, qc))
         clickable_picture(picture, cap.grid, key="neuron_query_chart", on_select=_pick(QUERY, "neuron_query_chart"),
-                          narrow=True)
+                          narrow=True, name=title)
     with right:
-        st.markdown("**" + t("neuron_page.key_title", row=kr + 1, col=kc + 1) + "**")
+        title = t("neuron_page.key_title", row=kr + 1, col=kc + 1)
+        st.markdown(f"**{title}**")
         picture = mark_patch(enlarge(render.overlay(ctx.view, row, ctx.alpha, ctx.cmap, ctx.smooth)), cap.grid, (kr, kc))
         clickable_picture(picture, cap.grid, key="neuron_key_chart", on_select=_pick(KEY, "neuron_key_chart"),
-                          narrow=True)
+                          narrow=True, name=title)
 
     pair = neuron_pair(cap, ctx.layer, head, query, key)
     d = pair.q.shape[0]

@@ -194,7 +194,8 @@ def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: n
 def show(ctx: Context) -> None:
     cap = ctx.cap
     head = _head(ctx)
-    st.subheader(t("qkmap.title", layer=ctx.layer + 1, head=head + 1))
+    title = t("qkmap.title", layer=ctx.layer + 1, head=head + 1)
+    st.subheader(title)
     if not ctx.present:  # a projector keeps the room for the map
         st.caption(t("qkmap.explain", dk=cap.query.shape[-1]))  # (L, H, N, d_k)
     for spec in LINKED:
@@ -222,7 +223,7 @@ def show(ctx: Context) -> None:
     colour_title = t(f"qkmap.colour_{colour}")
     chart = scatter(qk, values, ctx.view, query, colour_title, ctx.narrow, ctx.present)
     st.altair_chart(chart, key=CHART_KEY, on_select=partial(_picked_point, cap.num_prefix_tokens, cap.grid),
-                    selection_mode="pick", width="content")
+                    selection_mode="pick", width="content", alt=title)
     # the file: the map alone (the photo beside it only shows the patch under the pointer)
     download_chart(configured(points_plot(qk, values, query, colour_title, SCATTER_PX, False)),
                    f"qk_map_layer{ctx.layer + 1}_head{head + 1}_{method}", key="qk_map_download")
@@ -235,11 +236,13 @@ def show(ctx: Context) -> None:
     else:
         st.caption(t("qkmap.none_note"))
 
-    st.subheader(t("qkmap.atlas_title", layers=cap.num_layers, heads=cap.num_heads))
+    atlas_title = t("qkmap.atlas_title", layers=cap.num_layers, heads=cap.num_heads)
+    st.subheader(atlas_title)
     st.caption(t("qkmap.atlas_explain"))
     at, picture = heavy.run("qk_atlas", ctx.cap_key, (), lambda: _atlas(cap), t("qkmap.working"))
     atlas = atlas_chart(picture, cap.num_layers, cap.num_heads, at.row_r, at.column_r, ctx.narrow, (ctx.layer, head))
-    st.altair_chart(atlas, key=ATLAS_KEY, on_select=_picked_head, selection_mode="tile", width="content")
+    st.altair_chart(atlas, key=ATLAS_KEY, on_select=_picked_head, selection_mode="tile", width="content",
+                    alt=atlas_title)
     download_chart(atlas, "qk_atlas", key="qk_atlas_download")
     strongest = np.unravel_index(np.argmax(np.maximum(at.row_r, at.column_r)), at.row_r.shape)
     weakest = np.unravel_index(np.argmin(np.maximum(at.row_r, at.column_r)), at.row_r.shape)

@@ -105,8 +105,9 @@ def show(ctx: Context) -> None:
     label = token_label(query, prefix, cap.grid)
 
     with left:
-        st.subheader(t("analysis.query.title", layer=ctx.layer + 1, head=head_label(ctx.head), token=label))
-        clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow)
+        title = t("analysis.query.title", layer=ctx.layer + 1, head=head_label(ctx.head), token=label)
+        st.subheader(title)
+        clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow, name=title)
         st.caption(t("analysis.query.caption"))
         colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.query.units", n=cap.num_tokens))
         download_png(ctx.deferred(picture_of, *drawn), f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png",

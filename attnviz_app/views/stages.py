@@ -244,8 +244,9 @@ def show(ctx: Context, panel=None) -> dict[str, str]:
         grid_map = cap.query_map(layer, head, token)
         drawn = (layer, head, (row, col), alpha, cmap, smooth)
         picture = query_picture(cap, view, *drawn)
-        st.subheader(t("stages.query_title", row=row + 1, col=col + 1, **names))
-        clickable_picture(picture, lay.grid, key=CHART_KEY, on_select=_clicked, narrow=narrow)
+        title = t("stages.query_title", row=row + 1, col=col + 1, **names)
+        st.subheader(title)
+        clickable_picture(picture, lay.grid, key=CHART_KEY, on_select=_clicked, narrow=narrow, name=title)
         shifted = t("stages.query_shifted", sh=lay.shift[0], sw=lay.shift[1]) if any(lay.shift) else ""
         if lay.num_windows > 1:
             st.caption(t("stages.query_caption", shifted=shifted))
