@@ -96,7 +96,8 @@ def show(out: str, signature: tuple, layer: int, head: int) -> None:
     st.caption(t("qkmap.search_explain"))
     h, w = qk.grid
     a, b, c = st.columns([2, 1, 1])
-    photo = a.selectbox(t("qkmap.search_photo"), range(len(caps)), format_func=names.__getitem__, key="dataset_qk_photo")
+    photo = a.selectbox(t("qkmap.search_photo"), range(len(caps)), format_func=names.__getitem__, key="dataset_qk_photo",
+                        placeholder=t("classroom.choose"))
     row = b.number_input(t("analysis.row"), 1, h, (h + 1) // 2, key="dataset_qk_row")
     col = c.number_input(t("analysis.column"), 1, w, (w + 1) // 2, key="dataset_qk_col")
     photo = photo if isinstance(photo, int) and 0 <= photo < len(caps) else 0

@@ -195,7 +195,7 @@ def layer_and_head(model: attnviz.Model) -> None:
                          format_func=lambda n: layer_name(model, n))
     st.selectbox(
         t("view.head"), heads, key="head",
-        format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else str(h),
+        format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else str(h), placeholder=t("classroom.choose"),
     )
 
 

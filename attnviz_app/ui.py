@@ -213,7 +213,8 @@ def model_settings() -> Settings:
     if st.session_state.get("model_choice", "default") not in choices:  # e.g. a checkpoint the owner removed
         st.session_state["model_choice"] = "default"
     choice = side.selectbox(
-        t("model.choose"), choices, format_func=model_label, key="model_choice", help=t("serving.model_help")
+        t("model.choose"), choices, format_func=model_label, key="model_choice", help=t("serving.model_help"),
+        placeholder=t("classroom.choose"),
     )
     name = checkpoint = content = None
     if choice in checkpoints:
@@ -225,7 +226,8 @@ def model_settings() -> Settings:
     if st.session_state.get("size", sizes[0]) not in sizes:  # a size the other model offered: keep the box valid
         st.session_state["size"] = sizes[0]
     size = side.selectbox(
-        t("model.size"), sizes, format_func=lambda s: t("model.native") if s == NATIVE else f"{s} px", key="size"
+        t("model.size"), sizes, format_func=lambda s: t("model.native") if s == NATIVE else f"{s} px", key="size",
+        placeholder=t("classroom.choose"),
     )
     size = None if size == NATIVE else size
     fit = side.radio(
@@ -234,7 +236,7 @@ def model_settings() -> Settings:
     )
     devices = ["cuda", "cpu"] if attnviz.models.torch.cuda.is_available() else ["cpu"]  # the GPU first, as load_model
     device = side.selectbox(t("model.device"), devices, key="device", format_func=device_label,
-                            help=t("model.device_help")) if len(devices) > 1 else "cpu"
+                            help=t("model.device_help"), placeholder=t("classroom.choose")) if len(devices) > 1 else "cpu"
     if choice in checkpoints:
         entry = checkpoints[choice]
         try:  # never read through a file the budget will refuse (a 7B checkpoint is 28 GB)

@@ -79,7 +79,8 @@ def layer_and_head(model: attnviz.Model) -> tuple[int, object]:
     left, right = st.columns([3, 2])
     layer = left.slider(t("view.layer"), 1, model.depth, model.depth, key="video_layer")
     head = right.selectbox(t("view.head"), heads, key="video_head",
-                           format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h))
+                           format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h),
+                           placeholder=t("classroom.choose"))
     return layer - 1, head if isinstance(head, str) else head - 1
 
 

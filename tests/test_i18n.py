@@ -89,3 +89,21 @@ def test_chinese_keeps_patch_and_block_apart():
     mixed = [key for key, text in zh.items() if "區塊" in text and "block" not in en[key].lower()]
     assert not mixed, mixed
     assert sum("圖塊" in text for text in zh.values()) > 100  # the word for patch is in use
+
+
+def test_every_box_of_the_app_says_its_placeholder_in_the_page_s_language():
+    """A select box shows its placeholder once a reader erases its text to filter the options (seen in Chromium:
+    the Size box in Chinese said "Choose an option" before): every select box and multiselect of the app passes
+    its own placeholder, so none shows Streamlit's English one."""
+    import ast
+
+    from conftest import ROOT
+
+    missing = []
+    for path in sorted((ROOT / "attnviz_app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("selectbox", "multiselect") and \
+                    not any(keyword.arg == "placeholder" for keyword in node.keywords):
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, missing

@@ -169,7 +169,7 @@ def page() -> None:
     if linked_run is not None and (found := [out for out, name in names.items() if name == linked_run]):
         st.session_state["dataset_run"] = found[0]
     out = st.selectbox(t("dataset.run"), list(names), format_func=names.get, key="dataset_run",
-                       help=t("dataset.run_help", var=ROOT_VARIABLE))
+                       help=t("dataset.run_help", var=ROOT_VARIABLE), placeholder=t("classroom.choose"))
     try:
         with st.spinner(t("dataset.loading")):
             run, heads = opened(out, runfiles.signature(out))
@@ -220,13 +220,15 @@ def page() -> None:
         state["dataset_layer"] = asked_layer
     if state.get("dataset_layer") not in range(1, run.num_layers + 1):  # first, or kept from a deeper run
         state["dataset_layer"] = run.num_layers
-    layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), key="dataset_layer")
+    layer = left.selectbox(t("dataset.layer"), range(1, run.num_layers + 1), key="dataset_layer",
+                           placeholder=t("classroom.choose"))
     # With stages each layer has its own head count: the box of that count, so a kept head always exists.
     layer_heads = run.heads_of((layer or 1) - 1)
     head_key = f"dataset_head.{layer_heads}" if run.staged else "dataset_head"
     if asked_head is not None and asked_head <= layer_heads:
         state[head_key] = asked_head
-    head = middle.selectbox(t("dataset.head"), range(1, layer_heads + 1), key=head_key)
+    head = middle.selectbox(t("dataset.head"), range(1, layer_heads + 1), key=head_key,
+                            placeholder=t("classroom.choose"))
     # The widget's key carries the language (translated labels would leave a kept radio with no choice
     # after a language switch); the choice itself is remembered without it.
     rankings = list(dataset.RANKINGS)

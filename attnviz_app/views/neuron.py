@@ -52,7 +52,7 @@ def show(ctx: Context) -> None:
     st.markdown(t("neuron_page.explain"))
     controls = st.columns([1, 2])
     head = controls[0].selectbox(t("ablation_page.head"), list(range(cap.num_heads)), key="neuron_head",
-                                 format_func=lambda i: f"{i + 1}")
+                                 format_func=lambda i: f"{i + 1}", placeholder=t("classroom.choose"))
     from_cls = cap.has_class_token and controls[1].checkbox(
         t("neuron_page.query_token") + ": " + t("neuron_page.class_token"), key="neuron_from_cls")
     qr, qc = st.session_state.get(QUERY, (h // 2, w // 2))

@@ -181,7 +181,7 @@ def show(ctx: Context, panel=None) -> dict[str, str]:
                       patch=cap.layout(stages[s][0]).patch) for s in range(len(stages))]  # the box keeps these, not cap
     stage = stage_col.selectbox(
         t("stages.stage"), list(range(len(stages))), key="stage",
-        format_func=stage_labels.__getitem__)
+        format_func=stage_labels.__getitem__, placeholder=t("classroom.choose"))
     blocks = stages[stage]
     # one Block box per stage: each stage keeps its own choice, and its labels (which blocks are shifted)
     # are never those of another stage's box
@@ -190,14 +190,14 @@ def show(ctx: Context, panel=None) -> dict[str, str]:
         state[key] = len(blocks) - 1
     labels = [block_label(cap.layout(blocks[b]), b + 1) for b in range(len(blocks))]  # the box keeps these, not cap
     block = block_col.selectbox(t("stages.block"), list(range(len(blocks))), key=key,
-                                format_func=labels.__getitem__)
+                                format_func=labels.__getitem__, placeholder=t("classroom.choose"))
     layer = blocks[block]
     lay = cap.layout(layer)
     heads = [*HEAD_FUSIONS, *range(1, lay.num_heads + 1)]
     if st.session_state.get("stage_head", "mean") not in heads:
         st.session_state["stage_head"] = "mean"
     picked = head_col.selectbox(
-        t("view.head"), heads, key="stage_head",
+        t("view.head"), heads, key="stage_head", placeholder=t("classroom.choose"),
         format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h))
     head = picked if isinstance(picked, str) else picked - 1
     kind = cap.summary_kind(layer)
