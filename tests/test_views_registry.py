@@ -101,3 +101,19 @@ def test_no_box_of_a_view_shows_streamlit_s_english_placeholder_in_chinese(view)
         assert box.proto.placeholder in chinese, (view, box.label, box.proto.placeholder)
     if view == "ablation":
         assert [box.proto.placeholder for box in at.multiselect] == ["挑選要關掉的注意力頭"]
+
+
+@pytest.mark.parametrize("view, sentence", [("rollout", "classroom.no_layer_head"),
+                                            ("stats", "classroom.no_layer_head_stats"),
+                                            ("faithfulness", "classroom.no_layer_head_faithfulness")])
+def test_a_view_without_layer_and_head_says_why_in_its_own_words(view, sentence):
+    """The page hides Layer and Head for a view that reads neither and says why. It said "this view has its own layer
+    and head settings below" for all of them, which the statistics (every layer and head at once) and the
+    faithfulness test (every map) do not have: each view's own sentence."""
+
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["view"] = view
+    at.run()
+    assert not at.exception
+    assert i18n.text("en", sentence) in [c.value for c in at.caption]
+    assert not [s for s in at.slider if s.key == "layer"] and not [b for b in at.selectbox if b.key == "head"]

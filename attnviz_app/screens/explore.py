@@ -118,7 +118,7 @@ def page() -> None:
                                                     and model.labels is None else ""),
         )
         if not used & {views.LAYER, views.HEAD}:
-            st.caption(t("classroom.no_layer_head"))
+            st.caption(t(VIEWS[chosen].no_layer_head))
     ctx = views.Context(
         model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
         head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,

@@ -139,6 +139,8 @@ class View:
     controls_in: Callable[[Mapping, frozenset[str]], frozenset[str]] | None = None
     reads_query: bool = False  # draws the session's query token (views.query): a link to it names the query
     linked: tuple[Linked, ...] = ()  # its own controls that a link names
+    # the locale key of the sentence saying why the page's Layer and Head are hidden, where it reads neither
+    no_layer_head: str = "classroom.no_layer_head"
 
     def used(self, state: Mapping) -> frozenset[str]:
         return self.controls if self.controls_in is None else self.controls_in(state, self.controls)

@@ -159,4 +159,4 @@ def show(ctx: Context) -> None:
         results(result, ctx.narrow)
 
 
-register(View("faithfulness", show, order=92, linked=LINKED))
+register(View("faithfulness", show, order=92, linked=LINKED, no_layer_head="classroom.no_layer_head_faithfulness"))

@@ -55,4 +55,5 @@ def show(ctx: Context) -> None:
     download_png(ctx.deferred(picture_of, *drawn), f"relevance_class{index}.png", key="download_relevance")
 
 
-register(View("relevance", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=80, needs_classifier=True))
+register(View("relevance", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=80, needs_classifier=True,
+              no_layer_head="classroom.no_layer_head_relevance"))

@@ -126,4 +126,4 @@ def show(ctx: Context) -> None:
         )
 
 
-register(View("stats", show, order=70))  # every layer and head at once: no shared control
+register(View("stats", show, order=70, no_layer_head="classroom.no_layer_head_stats"))  # every layer and head at once: no shared control
