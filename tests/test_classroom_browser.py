@@ -273,8 +273,15 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
         chart.goto(url + "/?lang=zh-TW&view=query")
         chart.locator("[data-testid=stVegaLiteChart]").first.wait_for(timeout=180_000)
         settle(chart)
-        chart.locator("[data-testid=stVegaLiteChart]").first.hover()
-        chart.locator("[data-testid=stElementToolbar] button[aria-label='顯示資料']").first.hover()
+        buttons = chart.locator("[data-testid=stElementToolbar] button")
+        for _ in range(60):  # the toolbar shows while the pointer is over the chart (which a late rerun may move)
+            chart.locator("[data-testid=stVegaLiteChart]").first.hover()
+            if buttons.count():
+                break
+            chart.wait_for_timeout(1000)
+        show_data = chart.locator("[data-testid=stElementToolbar] button[aria-label^='顯示資料']").first
+        show_data.hover(timeout=30_000)
+        assert show_data.get_attribute("aria-label").startswith("顯示資料：第 12 層")  # the button and the chart it serves
         chart.get_by_role("tooltip").filter(has_text="顯示資料").wait_for(timeout=30_000)
         chart.close()
         page.locator(".st-key-source label").filter(has_text="上傳照片").click()

@@ -164,3 +164,37 @@ def test_a_lesson_link_with_values_it_does_not_offer_opens_its_first_step():
     assert at.session_state["lesson_step.en"] == i18n.text("en", "lesson.tab1")
     assert at.slider(key="lesson_layer").value == 12 and at.selectbox(key="lesson_head.en").value == 0
     assert at.query_params == {"layer": "12", "head": "1", "step": "1", "photo": "cat", "lang": "en"}
+
+
+def test_a_lesson_link_opens_the_pair_and_the_scaling_the_teacher_set():
+    """/lesson?step=4&query=r3c5&key=r9c2&dk=16&divisor=4: the query-key pair on the projector, not the middle of the
+    grid, and the scaling step's d_k and divisor; the address follows the sliders."""
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"step": "4", "query": "r3c5", "key": "r9c2", "dk": "16", "divisor": "4", "lang": "en"})
+    at.switch_page("screens/lesson.py").run()
+    assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
+    assert (at.slider(key="pair_q_row").value, at.slider(key="pair_q_col").value) == (3, 5)
+    assert (at.slider(key="pair_k_row").value, at.slider(key="pair_k_col").value) == (9, 2)
+    assert at.slider(key="scale_divisor").value == 4.0 and at.select_slider(key="scale_dk").value == 16
+    # the pair step's numbers are this pair's: query token 1 + 2·14 + 4, key token 1 + 8·14 + 1
+    assert i18n.text("en", "lesson.pair.tokens", q=33, k=114, layer=12, head=1) in texts(at)
+    assert i18n.text("en", "lesson.scale.conclusion", dk=16, root=4.0) in texts(at)
+    assert at.query_params == {"layer": "12", "head": "1", "query": "r3c5", "key": "r9c2", "dk": "16", "divisor": "4",
+                               "step": "4", "photo": "cat", "lang": "en"}
+    at.slider(key="pair_k_row").set_value(8).run()
+    at.select_slider(key="scale_dk").set_value(64).run()  # back at the first: the address leaves it out
+    assert at.query_params["key"] == "r8c2" and "dk" not in at.query_params
+
+
+@pytest.mark.parametrize("params", [
+    {"query": "r20c3", "key": "r0c1", "dk": "3", "divisor": "50"},  # the 14 x 14 grid has no row 20
+    {"query": "r3", "key": "r8c8; drop", "dk": "", "divisor": "nan"},
+])
+def test_a_lesson_link_s_pair_and_scaling_the_page_does_not_offer_are_left_out(params):
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"step": "4", "lang": "en", **params})
+    at.switch_page("screens/lesson.py").run()
+    assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
+    assert (at.slider(key="pair_k_row").value, at.slider(key="pair_k_col").value) == (8, 8)
+    assert at.slider(key="scale_divisor").value == 1.0 and at.select_slider(key="scale_dk").value == 64
+    assert at.query_params == {"layer": "12", "head": "1", "step": "4", "photo": "cat", "lang": "en"}

@@ -203,7 +203,7 @@ def test_link_names_are_unique_across_the_page():
     from attnviz_app import links, views
     from attnviz_app.views import stages
 
-    names = [spec.name for spec in views.DISPLAY] + list(stages.LINKED) + [
+    names = [spec.name for spec in views.DISPLAY] + list(stages.LINKED) + list(links.LESSON_NAMES) + [
         spec.name for view in views.registered().values() for spec in view.linked]
     assert len(names) == len(set(names)) and not set(names) & {*links.LINKED, links.PRESENT}
     keys = [spec.key for spec in views.DISPLAY] + [spec.key for view in views.registered().values() for spec in view.linked]

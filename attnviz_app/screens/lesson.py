@@ -19,6 +19,7 @@ with startup.importing():
     from attnviz_app import classroom, heavy, links, sources, ui
     from attnviz import Capture, Model, lesson, render
     from attnviz_app.text import t
+    from attnviz_app.views.base import patch_named
 
 CMAP = "inferno"
 QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
@@ -54,6 +55,60 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
 
 
 STEP_MEMORY = f"{links.LESSON_STEP}.choice"  # the step shown, as a number: it outlives the tabs' translated labels
+D_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the scaling step's d_k choices
+FIRST_D_K, FIRST_DIVISOR = 64, 1.0
+PAIR_KIND = "pair_kind.choice"  # the pair step's query kind (remembered_choice's memory)
+
+
+def first_pair(cap: Capture) -> dict[str, int]:
+    """The pair step's sliders (rows and columns counted from 1) where a reader first finds them: the query patch
+    in the middle of the grid, the key patch one down and one right of it."""
+    h, w = cap.grid
+    return {"pair_q_row": h // 2, "pair_q_col": w // 2, "pair_k_row": h // 2 + 1, "pair_k_col": w // 2 + 1}
+
+
+def follow_link(cap: Capture) -> None:
+    """Before the steps are drawn: the lesson's own choices a link names, once (the pair step's ``query=cls`` or
+    ``query=r3c4`` and ``key=r5c6``, the scaling step's ``dk=16&divisor=4``), where this grid has them; and every
+    pair slider on this grid (a value kept from a larger input size is back at its first)."""
+    state = st.session_state
+    h, w = cap.grid
+    query, key = links.asked("query") or "", links.asked("key") or ""
+    if query == "cls":
+        state[PAIR_KIND] = "cls"
+    elif (patch := patch_named(query)) and patch[0] < h and patch[1] < w:
+        state[PAIR_KIND], state["pair_q_row"], state["pair_q_col"] = "patch", patch[0] + 1, patch[1] + 1
+    if (patch := patch_named(key)) and patch[0] < h and patch[1] < w:
+        state["pair_k_row"], state["pair_k_col"] = patch[0] + 1, patch[1] + 1
+    if (d_k := links.asked("dk") or "").isdecimal() and int(d_k) in D_KS:
+        state["scale_dk"] = int(d_k)
+    try:
+        divisor = float(links.asked("divisor") or "nan")
+    except ValueError:
+        divisor = math.nan
+    if 1.0 <= divisor <= 20.0:
+        state["scale_divisor"] = round(divisor * 2) / 2  # on the slider's steps of 0.5
+    for name, first in first_pair(cap).items():
+        if state.get(name) not in range(1, (h if "row" in name else w) + 1):
+            state[name] = first
+    state.setdefault("scale_dk", FIRST_D_K)
+    state.setdefault("scale_divisor", FIRST_DIVISOR)
+
+
+def link_words(cap: Capture) -> dict[str, str]:
+    """What a link to the lesson says of its own choices, where they are not the first."""
+    state = st.session_state
+    words = {}
+    if state.get(PAIR_KIND) == "patch":
+        words["query"] = f"r{state['pair_q_row']}c{state['pair_q_col']}"
+    first = first_pair(cap)
+    if (state["pair_k_row"], state["pair_k_col"]) != (first["pair_k_row"], first["pair_k_col"]):
+        words["key"] = f"r{state['pair_k_row']}c{state['pair_k_col']}"
+    if state["scale_dk"] != FIRST_D_K:
+        words["dk"] = str(state["scale_dk"])
+    if state["scale_divisor"] != FIRST_DIVISOR:
+        words["divisor"] = f"{state['scale_divisor']:g}"
+    return words
 
 
 def shown_step(labels: list[str]) -> tuple[str, int]:
@@ -228,7 +283,7 @@ def step_scale() -> None:
         col.markdown(t("lesson.scale.result", scores=vector(np.array(scores), 0),
                        weights="[" + ", ".join(plain(v) for v in weights) + "]"))
     st.markdown(t("lesson.scale.slider_intro"))
-    divisor = st.slider(t("lesson.scale.divisor"), 1.0, 20.0, 1.0, 0.5, key="scale_divisor")
+    divisor = st.slider(t("lesson.scale.divisor"), 1.0, 20.0, step=0.5, key="scale_divisor")  # first: follow_link
     scores = np.array([20.0, 10.0, 0.0])
     weights = lesson.softmax(scores, 1 / divisor)
     left, right = st.columns([2, 3])
@@ -239,7 +294,7 @@ def step_scale() -> None:
 
     st.subheader(t("lesson.scale.experiment"))
     st.markdown(t("lesson.scale.experiment_intro"))
-    d_k = st.select_slider("d_k", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], value=64, key="scale_dk")
+    d_k = st.select_slider("d_k", D_KS, key="scale_dk")
     sample = lesson.dot_products(d_k, samples=4000, seed=0)
     # One x axis for both histograms, so the narrowing is seen, not only read.
     reach = float(np.abs(sample.dots).max())
@@ -270,10 +325,10 @@ def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: i
     )
     q_row = q_col = None
     if kind == "patch":
-        q_row = controls[0].slider(t("lesson.pair.q_row"), 1, h, h // 2, key="pair_q_row") - 1
-        q_col = controls[0].slider(t("lesson.pair.q_col"), 1, w, w // 2, key="pair_q_col") - 1
-    k_row = controls[1].slider(t("lesson.pair.k_row"), 1, h, h // 2 + 1, key="pair_k_row") - 1
-    k_col = controls[1].slider(t("lesson.pair.k_col"), 1, w, w // 2 + 1, key="pair_k_col") - 1
+        q_row = controls[0].slider(t("lesson.pair.q_row"), 1, h, key="pair_q_row") - 1  # first: follow_link
+        q_col = controls[0].slider(t("lesson.pair.q_col"), 1, w, key="pair_q_col") - 1
+    k_row = controls[1].slider(t("lesson.pair.k_row"), 1, h, key="pair_k_row") - 1
+    k_col = controls[1].slider(t("lesson.pair.k_col"), 1, w, key="pair_k_col") - 1
     query = 0 if kind == "cls" else lesson.token_index(cap, q_row, q_col)
     key = lesson.token_index(cap, k_row, k_col)
     controls[2].markdown(t("lesson.pair.tokens", q=query, k=key, layer=layer + 1, head=head + 1))
@@ -472,8 +527,10 @@ def page() -> None:
 
     tabs, step = step_tabs(labels)
     photo = links.sample_shown()
+    follow_link(cap)
+    words = link_words(cap)
     linked = links.choices(photo, st.session_state["lang"], layer=layer + 1, head=head + 1, step=step + 1,
-                           **settings.linked)
+                           query=words.pop("query", None), **settings.linked, controls=words)
     links.publish(linked)  # the address opens this step of the lesson, on this photo, layer, head and language
     if present:
         with panel:

@@ -8,6 +8,7 @@ something").
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 from dataclasses import dataclass
@@ -84,6 +85,12 @@ class Linked:
         """The address's words for the widget's value; None where it is the one the view opens on."""
         value = state.get(self.key)
         return None if value is None or value == self.first(ctx) else self.write(value)
+
+
+def patch_named(name: str) -> tuple[int, int] | None:
+    """A link's ``r3c11`` as (row, column), 0-based; None for anything else."""
+    found = re.fullmatch(r"r([1-9][0-9]{0,2})c([1-9][0-9]{0,2})", name)
+    return (int(found[1]) - 1, int(found[2]) - 1) if found else None
 
 
 def one_of(options: Sequence) -> Callable[[str], Any]:

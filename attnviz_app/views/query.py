@@ -9,7 +9,7 @@ from PIL import Image
 from attnviz import render
 from ..text import t
 
-from .base import ALL, Context, View, register
+from .base import ALL, Context, View, patch_named, register
 from .common import (
     clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch,
     selected_points, token_label,
@@ -55,12 +55,6 @@ def link_name(cap) -> str:
         return f"reg{query}" if query else "cls"
     row, col = divmod(query - prefix, cap.grid[1])
     return f"r{row + 1}c{col + 1}"
-
-
-def patch_named(name: str) -> tuple[int, int] | None:
-    """A link's ``r3c11`` as (row, column), 0-based; None for anything else."""
-    found = re.fullmatch(r"r([1-9][0-9]{0,2})c([1-9][0-9]{0,2})", name)
-    return (int(found[1]) - 1, int(found[2]) - 1) if found else None
 
 
 def follow_link(name: str) -> None:

@@ -16,8 +16,7 @@ from .. import links
 from ..text import t
 from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
                      head_part, mark_patch, selected_points)
-from .base import Context
-from .query import patch_named
+from .base import Context, patch_named
 from .takeaway import files
 
 CHART_KEY = "stage_query_chart"
