@@ -98,7 +98,7 @@ def test_odd_photos_get_a_note_and_file_kinds_are_translated():
     notes = [i.value for i in at.info]
     assert any("1 × 1 pixels is fewer than the model's 14 × 14 patches" in n for n in notes), notes
     at.file_uploader(key="upload").set_value(("strip.png", CORPUS["strip.png"], "image/png")).run()
-    assert any("only the middle 2 % of this 60 × 3000 picture" in i.value for i in at.info), [i.value for i in at.info]
+    assert any("only the middle 2% of this 60 × 3000 picture" in i.value for i in at.info), [i.value for i in at.info]
     at.file_uploader(key="upload").set_value(("paper.pdf", b"%PDF-1.4 not a picture", "application/pdf")).run()
     at.selectbox(key="lang").set_value("zh-TW").run()
     assert at.error[0].value.startswith("paper.pdf 是 PDF 文件，這個程式無法讀取")

@@ -1,6 +1,7 @@
 """Both languages have every key of every part file, the same placeholders, and no empty strings."""
 from __future__ import annotations
 
+import re
 import string
 import tomllib
 from pathlib import Path
@@ -55,6 +56,13 @@ def test_strings_are_non_empty_and_placeholders_match_english(lang):
     for key, template in other.items():
         assert isinstance(template, str) and template.strip(), f"{lang}: {key} is empty"
         assert placeholders(template) == placeholders(english[key]), f"{lang}: {key} has other placeholders"
+
+
+@pytest.mark.parametrize("lang", list(i18n.LANGUAGES))
+def test_percentages_are_written_one_way(lang):
+    """60%, as Python's ``{:.0%}`` writes the page's other percentages, never "60 %" beside them."""
+    spaced = {key: template for key, template in i18n.catalogue(lang).items() if re.search(r"[0-9}] %", template)}
+    assert not spaced, f"{lang}: a space before % in {sorted(spaced)}"
 
 
 def test_chinese_catalogue_is_chinese_and_uses_taiwanese_terms():
