@@ -6,8 +6,8 @@ from the address, before any widget is drawn, and every Explore or lesson run wr
 presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
 as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw the session's query
 token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token; on the lesson (``/lesson?step=4&layer=12&head=1``)
-``step`` is its tab, ``layer`` and ``head`` its own Layer and Head, ``query`` and ``key`` the pair step's patches and
-``dk`` and ``divisor`` the scaling step's. ``model`` (the Model box's value) and ``size``
+``step`` is its tab, ``layer`` and ``head`` its own Layer and Head, ``query`` and ``key`` the pair step's patches,
+``dk`` and ``divisor`` the scaling step's, ``rank``, ``remove`` and ``upto`` the last step's. ``model`` (the Model box's value) and ``size``
 (``448``, ``native``) are written only where they are not what the page opens on, and a model is opened only where
 the server offers it (attnviz_app/ui.py's Model box checks). The display controls a view reads (``opacity``,
 ``cmap``, ``smooth``) and a view's own controls (``/?view=rollout&layers=4-12&fusion=max``: each view declares them,
@@ -42,8 +42,8 @@ _ASKED = "_links_asked"  # the address a session opened on, for pages that read 
 # layer, head and step open the lesson there
 LESSON_LAYER, LESSON_HEAD, LESSON_STEP = "lesson_layer", "lesson_head", "lesson_step"
 # the lesson's own names beside them (screens/lesson.py): the pair step's key patch (its query patch is ``query``), the
-# scaling step's d_k and divisor
-LESSON_NAMES = ("key", "dk", "divisor")
+# scaling step's d_k and divisor, the last step's ranking head, fill and share removed
+LESSON_NAMES = ("key", "dk", "divisor", "rank", "remove", "upto")
 
 
 def restore() -> None:

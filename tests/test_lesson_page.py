@@ -186,10 +186,26 @@ def test_a_lesson_link_opens_the_pair_and_the_scaling_the_teacher_set():
     assert at.query_params["key"] == "r8c2" and "dk" not in at.query_params
 
 
+def test_a_lesson_link_opens_the_last_steps_ranking_fill_and_share_removed():
+    """/lesson?step=7&rank=3&remove=blur&upto=90: head 3 ranks the patches, blurred away, up to 90% (the button
+    still runs it: nothing heavy on opening); the address follows the boxes."""
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"step": "7", "rank": "3", "remove": "blur", "upto": "90", "lang": "en"})
+    at.switch_page("screens/lesson.py").run()
+    assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
+    assert at.selectbox(key="perturb_head.en").value == 2 and at.radio(key="perturb_fill.en").value == "blur"
+    assert at.slider(key="perturb_max").value == 90
+    assert at.query_params == {"layer": "12", "head": "1", "rank": "3", "remove": "blur", "upto": "90", "step": "7",
+                               "photo": "cat", "lang": "en"}
+    at.selectbox(key="perturb_head.en").set_value("mean").run()
+    at.slider(key="perturb_max").set_value(30).run()
+    assert "rank" not in at.query_params and at.query_params["upto"] == "30" and at.query_params["remove"] == "blur"
+
+
 @pytest.mark.parametrize("params", [
-    {"query": "r20c3", "key": "r0c1", "dk": "3", "divisor": "50"},  # the 14 x 14 grid has no row 20
-    {"query": "r3", "key": "r8c8; drop", "dk": "", "divisor": "nan"},
-])
+    {"query": "r20c3", "key": "r0c1", "dk": "3", "divisor": "50", "rank": "13", "remove": "token", "upto": "95"},
+    {"query": "r3", "key": "r8c8; drop", "dk": "", "divisor": "nan", "rank": "0", "remove": "", "upto": "55"},
+])  # the 14 x 14 grid has no row 20, the model no head 13, the lesson no token removal
 def test_a_lesson_link_s_pair_and_scaling_the_page_does_not_offer_are_left_out(params):
     at = AppTest.from_file(APP, default_timeout=300)
     at.query_params.update({"step": "4", "lang": "en", **params})
@@ -197,4 +213,6 @@ def test_a_lesson_link_s_pair_and_scaling_the_page_does_not_offer_are_left_out(p
     assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
     assert (at.slider(key="pair_k_row").value, at.slider(key="pair_k_col").value) == (8, 8)
     assert at.slider(key="scale_divisor").value == 1.0 and at.select_slider(key="scale_dk").value == 64
+    assert at.selectbox(key="perturb_head.en").value == "mean" and at.radio(key="perturb_fill.en").value == "mean"
+    assert at.slider(key="perturb_max").value == 50
     assert at.query_params == {"layer": "12", "head": "1", "step": "4", "photo": "cat", "lang": "en"}

@@ -58,6 +58,9 @@ STEP_MEMORY = f"{links.LESSON_STEP}.choice"  # the step shown, as a number: it o
 D_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the scaling step's d_k choices
 FIRST_D_K, FIRST_DIVISOR = 64, 1.0
 PAIR_KIND = "pair_kind.choice"  # the pair step's query kind (remembered_choice's memory)
+# the last step's choices: Rank patches by (remembered_choice's memory), Remove a patch by (likewise), Remove up to
+RANK, REMOVE, UP_TO = "perturb_head.choice", "perturb_fill.choice", "perturb_max"
+UP_TOS, FIRST_UP_TO = range(10, 91, 10), 50
 
 
 def first_pair(cap: Capture) -> dict[str, int]:
@@ -69,8 +72,9 @@ def first_pair(cap: Capture) -> dict[str, int]:
 
 def follow_link(cap: Capture) -> None:
     """Before the steps are drawn: the lesson's own choices a link names, once (the pair step's ``query=cls`` or
-    ``query=r3c4`` and ``key=r5c6``, the scaling step's ``dk=16&divisor=4``), where this grid has them; and every
-    pair slider on this grid (a value kept from a larger input size is back at its first)."""
+    ``query=r3c4`` and ``key=r5c6``, the scaling step's ``dk=16&divisor=4``, the last step's ``rank=3&remove=blur&upto=90``
+    where head 3 ranks the patches), where this grid and model have them; and every pair slider on this grid (a value
+    kept from a larger input size is back at its first)."""
     state = st.session_state
     h, w = cap.grid
     query, key = links.asked("query") or "", links.asked("key") or ""
@@ -88,11 +92,21 @@ def follow_link(cap: Capture) -> None:
         divisor = math.nan
     if 1.0 <= divisor <= 20.0:
         state["scale_divisor"] = round(divisor * 2) / 2  # on the slider's steps of 0.5
+    rank = links.asked("rank") or ""
+    if rank == "mean" or (rank.isdecimal() and 1 <= int(rank) <= cap.num_heads):
+        state[RANK] = rank if rank == "mean" else int(rank) - 1
+    if (remove := links.asked("remove")) in lesson.FILLS:
+        state[REMOVE] = remove
+    if (up_to := links.asked("upto") or "").isdecimal() and int(up_to) in UP_TOS:
+        state[UP_TO] = int(up_to)
+    if state.get(RANK, "mean") not in ("mean", *range(cap.num_heads)):  # kept from a model with more heads
+        state.pop(RANK)
     for name, first in first_pair(cap).items():
         if state.get(name) not in range(1, (h if "row" in name else w) + 1):
             state[name] = first
     state.setdefault("scale_dk", FIRST_D_K)
     state.setdefault("scale_divisor", FIRST_DIVISOR)
+    state.setdefault(UP_TO, FIRST_UP_TO)
 
 
 def link_words(cap: Capture) -> dict[str, str]:
@@ -108,6 +122,12 @@ def link_words(cap: Capture) -> dict[str, str]:
         words["dk"] = str(state["scale_dk"])
     if state["scale_divisor"] != FIRST_DIVISOR:
         words["divisor"] = f"{state['scale_divisor']:g}"
+    if state.get(RANK, "mean") != "mean":
+        words["rank"] = str(state[RANK] + 1)
+    if state.get(REMOVE, lesson.FILLS[0]) != lesson.FILLS[0]:
+        words["remove"] = state[REMOVE]
+    if state[UP_TO] != FIRST_UP_TO:
+        words["upto"] = str(state[UP_TO])
     return words
 
 
@@ -420,7 +440,8 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
     )
     fill = remembered_choice(controls[1].radio, t("lesson.explain.fill"), list(lesson.FILLS), key="perturb_fill",
                              horizontal=True, format_func=lambda f: t(f"lesson.explain.fill_{f}"))
-    percent = controls[2].slider(t("lesson.explain.max_fraction"), 10, 90, 50, 10, key="perturb_max", format="%d%%")
+    percent = controls[2].slider(t("lesson.explain.max_fraction"), UP_TOS[0], UP_TOS[-1], step=UP_TOS.step, key=UP_TO,
+                                 format="%d%%")  # first: follow_link
     asked = (*key, layer, head, fill, percent)
     if st.button(t("lesson.explain.run", layer=layer + 1), key="perturb_run", type="primary"):
         st.session_state["perturb_asked"] = asked
