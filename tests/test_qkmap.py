@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import timm
 import torch
 from PIL import Image
 
@@ -245,3 +246,22 @@ def test_patch_search_by_hand():
     every.sort(key=lambda e: -e[0])
     assert [(m.photo, m.token) for m in found] == [(i, j) for _, i, j in every[:5]]
     assert [m.logit for m in found] == pytest.approx([e[0] for e in every[:5]], abs=1e-9)
+
+
+def test_a_map_drawn_on_a_canvas_puts_the_photo_under_it():
+    """Over SVG_POINTS points the Explore map is a canvas, which CSS cannot scale into a narrow column: the photo
+    goes under the map (a 1024 px laptop's 564 px column held the side-by-side 810 px chart only in part); up to
+    it, SVG, side by side."""
+    from attnviz_app.views.qkmap import SVG_POINTS, scatter
+
+    torch.manual_seed(0)
+    network = timm.models.vision_transformer.VisionTransformer(  # 40 × 40 patches: 2 × 1601 points
+        img_size=160, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=0)
+    model = attnviz.wrap(network, "tiny", "random init", 160)
+    picture = Image.new("RGB", (160, 160), (120, 80, 40))
+    many = qkmap.qk_map(attnviz.capture(model, picture), 0, 0)
+    few = qkmap.qk_map(attnviz.capture(tiny_vit(), picture), 0, 0)
+    assert len(few.xy) <= SVG_POINTS < len(many.xy)
+    for qk, layout, renderer in ((many, "vconcat", "canvas"), (few, "hconcat", "svg")):
+        spec = scatter(qk, qk.row.astype(float), picture, 0, "row", narrow=False).to_dict()
+        assert layout in spec and spec["usermeta"]["embedOptions"]["renderer"] == renderer

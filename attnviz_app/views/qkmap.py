@@ -99,10 +99,12 @@ def scatter(qk: qkmap.QKMap, values: np.ndarray, picture, query: int, colour_tit
     frame = alt.Chart(patches).mark_rect(fillOpacity=0, stroke="#00ffff", strokeWidth=3, aria=False).encode(
         x=cx, x2="c1:Q", y=cy, y2="r1:Q").transform_filter({"param": "hover", "empty": False})
     photo = alt.layer(image, frame).properties(width=photo_side, height=photo_side, title=t("qkmap.hover_title"))
-    chart = alt.vconcat(plot, photo) if narrow else alt.hconcat(plot, photo)
     # Vega's canvas renderer: many thousands of points draw in a fraction of SVG's time (bench/qkmap.py). Up to
-    # SVG_POINTS they draw alike (docs/qk-map.md), and an SVG chart too wide for its column is scaled into it.
-    return configured(chart).properties(usermeta=CANVAS if len(qk.xy) > SVG_POINTS else SVG)
+    # SVG_POINTS they draw alike (docs/qk-map.md), and an SVG chart too wide for its column is scaled into it; a
+    # canvas cannot be, so it puts the photo under the map, in a column as narrow as a 1024 px laptop's.
+    canvas = len(qk.xy) > SVG_POINTS
+    chart = alt.vconcat(plot, photo) if narrow or canvas else alt.hconcat(plot, photo)
+    return configured(chart).properties(usermeta=CANVAS if canvas else SVG)
 
 
 def points_plot(qk: qkmap.QKMap, values: np.ndarray, query: int, colour_title: str, side: int, narrow: bool):
