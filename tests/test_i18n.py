@@ -65,6 +65,20 @@ def test_percentages_are_written_one_way(lang):
     assert not spaced, f"{lang}: a space before % in {sorted(spaced)}"
 
 
+@pytest.mark.parametrize("lang", list(i18n.LANGUAGES))
+def test_bold_words_are_bold_in_commonmark(lang):
+    """Streamlit's Markdown is CommonMark: ``**查詢（query）**圖塊`` shows its stars, as a ``**`` after a bracket
+    and before a letter cannot close (the neuron view's first sentence did). Rendered as CommonMark, no string
+    keeps a ``**``."""
+    from markdown_it import MarkdownIt  # CommonMark, installed with Streamlit (rich)
+
+    markdown = MarkdownIt("commonmark")
+    shown = {key: markdown.render(template) for key, template in i18n.catalogue(lang).items() if "**" in template}
+    assert shown, "no bold words to check"
+    stars = {key: html for key, html in shown.items() if "**" in re.sub(r"<code>.*?</code>", "", html)}
+    assert not stars, f"{lang}: {stars}"
+
+
 def test_chinese_catalogue_is_chinese_and_uses_taiwanese_terms():
     zh = i18n.catalogue("zh-TW")
     text = "".join(zh.values())
