@@ -87,6 +87,16 @@ class Adapter:
         raise RelevanceError(self.eager_refusal(network))
 
 
+def check_windows(name: str, size: int, where: str, grid: tuple[int, int], window: tuple[int, int]) -> None:
+    """One sentence when ``where`` ("stage 2", "block 5") of network ``name`` at ``size`` px has a token ``grid``
+    that does not divide into its ``window``s: the model would pad it with tokens that are not in the photo."""
+    if grid[0] % window[0] or grid[1] % window[1]:
+        raise ModelError(
+            f"At {size} px, {where} of {name} has a {grid[0]} × {grid[1]} token grid that does not divide into "
+            f"{window[0]} × {window[1]} windows, so the model pads it with tokens that are not in the photo; attnviz "
+            "refuses that size rather than show them (use a size where every stage divides).")
+
+
 def check_square_size(name: str, patch: int, size: int, built: tuple[int, int] | None, dynamic: bool) -> None:
     """One sentence when ``size`` is not an input this network can take exactly."""
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:

@@ -29,9 +29,8 @@ from timm.models.efficientvit_msra import (
     LocalWindowAttention,
 )
 
-from ..errors import ModelError
 from ..stages import LayerLayout, window_partition_index
-from .base import Adapter, check_square_size
+from .base import Adapter, check_square_size, check_windows
 from .registry import Family, register
 from .tap import Recorder, Tap, channels_first
 
@@ -98,11 +97,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
         for b, block in enumerate(stage.blocks):
             attn = block.mixer.m.attn
             ws = attn.resolution
-            if side % ws:
-                raise ModelError(
-                    f"At {size} px, stage {s + 1} of {net} has a {side} × {side} token grid that does not divide "
-                    f"into {ws} × {ws} windows, so the model pads it with tokens that are not in the photo; "
-                    "attnviz refuses that size rather than show them (use a size where every stage divides).")
+            check_windows(net, size, f"stage {s + 1}", (side, side), (ws, ws))
             grid, window = (side, side), (ws, ws)
             windows = window_partition_index(grid, window, (0, 0))  # (W, T)
             layouts.append(LayerLayout(s, b, grid, size // side, window, (0, 0), attn.num_heads, attn.key_dim,

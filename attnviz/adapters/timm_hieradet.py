@@ -38,7 +38,7 @@ from timm.models.hieradet_sam2 import (
 
 from ..errors import ModelError
 from ..stages import LayerLayout
-from .base import Adapter, check_square_size
+from .base import Adapter, check_square_size, check_windows
 from .registry import Family, register
 from .tap import Recorder, Tap
 
@@ -121,11 +121,8 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
         in_stage += 1
         attn = block.attn
         window = tuple(block.window_size) if block.is_windowed else None
-        if window is not None and (grid[0] % window[0] or grid[1] % window[1]):
-            raise ModelError(
-                f"At {size} px, block {i + 1} of {net} has a {grid[0]} × {grid[1]} token grid that does not divide "
-                f"into {window[0]} × {window[1]} windows, so the model pads it with tokens that are not in the photo; "
-                "attnviz refuses that size rather than show them (use a size where every stage divides).")
+        if window is not None:
+            check_windows(net, size, f"block {i + 1}", grid, window)
         queries, q_window = grid, window
         if block.q_stride is not None:
             st = tuple(block.q_stride)

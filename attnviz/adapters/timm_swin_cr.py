@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr, SwinTransformerV2CrBlock, WindowMultiHeadAttention
 
-from ..errors import ModelError
 from ..stages import LayerLayout, window_partition_index
-from .base import Adapter, check_square_size
+from .base import Adapter, check_square_size, check_windows
 from .registry import Family, register
 from .tap import Recorder, Tap
 from .timm_swin import window_part
@@ -82,12 +81,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
     for s, stage in enumerate(network.stages):
         for b, block in enumerate(stage.blocks):
             grid, window, shift = tuple(block.feat_size), tuple(block.window_size), tuple(block.shift_size)
-            if grid[0] % window[0] or grid[1] % window[1]:
-                raise ModelError(
-                    f"At {size} px, stage {s + 1} of {net} has a {grid[0]} × {grid[1]} token grid that does not "
-                    f"divide into {window[0]} × {window[1]} windows, so the model pads it with tokens that are not in "
-                    "the photo; attnviz refuses that size rather than show them "
-                    "(use a size where every stage divides).")
+            check_windows(net, size, f"stage {s + 1}", grid, window)
             attn = block.attn
             heads = attn.num_heads
             head_dim = attn.qkv.weight.shape[0] // 3 // heads

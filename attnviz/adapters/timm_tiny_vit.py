@@ -24,7 +24,7 @@ from timm.models.tiny_vit import Attention, ConvLayer, TinyVit, TinyVitStage
 
 from ..errors import ModelError
 from ..stages import LayerLayout, window_partition_index
-from .base import Adapter
+from .base import Adapter, check_windows
 from .registry import Family, register
 from .tap import Recorder, Tap
 
@@ -83,11 +83,7 @@ def adapter(network: torch.nn.Module, size: int) -> Adapter:
         stage_index = len({lay.stage for lay in layouts})
         for b, block in enumerate(stage.blocks):
             ws = block.window_size
-            if side % ws:
-                raise ModelError(
-                    f"At {size} px, stage {s + 1} of {net} has a {side} × {side} token grid that does not divide "
-                    f"into {ws} × {ws} windows, so the model pads it with tokens that are not in the photo; "
-                    "attnviz refuses that size rather than show them (use a size where every stage divides).")
+            check_windows(net, size, f"stage {s + 1}", (side, side), (ws, ws))
             attn = block.attn
             grid, window = (side, side), (ws, ws)
             windows = window_partition_index(grid, window, (0, 0))  # (W, T)

@@ -20,9 +20,8 @@ from functools import partial
 import torch
 from timm.models.twins import GlobalSubSampleAttn, LocallyGroupedAttn, Twins
 
-from ..errors import ModelError
 from ..stages import LayerLayout, window_partition_index
-from .base import Adapter
+from .base import Adapter, check_windows
 from .registry import Family, register
 from .tap import Recorder, Tap
 from .timm_pvt_v2 import check_stride, global_layout, heads_of, reduced_grid
@@ -55,11 +54,7 @@ class TwinsAdapter(Adapter):
 def local_layout(net: str, stage: int, block: int, grid: tuple[int, int], patch: int,
                  attn: LocallyGroupedAttn) -> LayerLayout:
     ws = attn.ws
-    if grid[0] % ws or grid[1] % ws:
-        raise ModelError(
-            f"At {grid[0] * patch} px, stage {stage + 1} of {net} has a {grid[0]} × {grid[1]} token grid that "
-            f"does not divide into {ws} × {ws} windows, so the model pads it with tokens that are not in the "
-            "photo; attnviz refuses that size rather than show them (use a size where every stage divides).")
+    check_windows(net, grid[0] * patch, f"stage {stage + 1}", grid, (ws, ws))
     heads = attn.num_heads
     return LayerLayout(stage, block, grid, patch, (ws, ws), (0, 0), heads, attn.dim // heads, float(attn.scale),
                        windows=window_partition_index(grid, (ws, ws), (0, 0)))  # (W, T)
