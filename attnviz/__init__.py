@@ -12,7 +12,7 @@ gives the module. The one exception is ``capture``, the function, which shadows 
 ``attnviz.capture`` as an attribute (import from the module with ``from attnviz.capture import ...``).
 """
 from . import masks, qkmap, relevance, rollout, stats
-from ._version import __version__
+from ._version import __version__ as __version__
 from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
 from .errors import (
     AttnvizError, ExportError, HubUnavailable, ImageError, IncompleteWeights, ModelError, NoClassTokenError,

@@ -30,7 +30,7 @@ from .errors import ImageError, NoClassTokenError
 from .images import as_rgb
 from .models import FITS, Fit, Model
 from .preparation import Preparation, preparation
-from .softmax import HEAD_FUSIONS, Head, fuse_heads, patch_grid, softmax_scores, whole
+from .softmax import Head, fuse_heads, patch_grid, softmax_scores, whole
 from .stages import StagedCapture, capture_staged
 
 _softmax_scores, _whole = softmax_scores, whole  # the names this module used before #22

@@ -57,10 +57,11 @@ from PIL import Image
 import attnviz.runfiles as runfiles
 from .errors import ExportError, RunError, RunFileError
 from .capture import Capture, capture
+from .images import MAX_BYTES as MAX_PHOTO_BYTES
 from .images import ImageError
 from .photos import read_photo
 from .masks import DEFAULT_MASS, mass_mask
-from .models import Fit, Model, ModelError, load_model
+from .models import Fit, Model, load_model
 from .stage_stats import staged_head_values
 from .stages import StagedCapture
 from .stats import head_stats
@@ -155,7 +156,7 @@ def read_items(paths: Sequence[str]) -> list[tuple[str, bytes | RunFileError]]:
     items: list[tuple[str, bytes | RunFileError]] = []
     for path in paths:
         try:
-            items.append((path, runfiles.read_file(path, runfiles.MAX_PHOTO_BYTES, path)))
+            items.append((path, runfiles.read_file(path, MAX_PHOTO_BYTES, path)))
         except RunFileError as e:
             items.append((path, e))
     return items
@@ -570,7 +571,7 @@ def reopen(model: Model, path: str, digest: str, fit: Fit, captures: Path | None
     is not (or is gone), :class:`RunError` when its bytes changed since the run, :class:`ImageError` when
     it is no picture the model can take.
     """
-    data = runfiles.read_file(path, runfiles.MAX_PHOTO_BYTES, Path(path).name)
+    data = runfiles.read_file(path, MAX_PHOTO_BYTES, Path(path).name)
     if hashlib.sha256(data).hexdigest() != digest:
         raise RunError(f"{Path(path).name} has changed since the run.")
     checked = read_photo(data, model, Path(path).name)  # its sentences name the file, not where it is

@@ -34,7 +34,8 @@ import attnviz.html_stages as html_stages
 import attnviz.i18n as i18n
 import attnviz.render as render
 from ._version import __version__
-from .capture import HEAD_FUSIONS, Capture, fuse_heads
+from .capture import Capture, fuse_heads
+from .softmax import HEAD_FUSIONS
 from .stages import StagedCapture
 
 ALL_ROWS_BYTES = 8_000_000  # every query's rows up to this many raw bytes (224 px: 7.1 MB → ~5 MB page)

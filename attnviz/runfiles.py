@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 
 import attnviz.i18n as i18n
 from .errors import RunFileError
-from .images import MAX_BYTES as MAX_PHOTO_BYTES
 
 TABLES = ("heads", "images", "errors")
 FITS = ("crop", "squash")

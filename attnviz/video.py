@@ -32,7 +32,6 @@ from PIL import Image
 
 import attnviz.atomic as atomic
 import attnviz.i18n as i18n
-import attnviz.render as render
 from .capture import Head
 from .errors import AttnvizError
 from .live import LiveSettings, heatmap_frame

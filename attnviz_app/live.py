@@ -26,7 +26,7 @@ from streamlit_webrtc import WebRtcMode, webrtc_streamer
 
 import attnviz
 from attnviz import render, serving
-from attnviz.capture import HEAD_FUSIONS
+from attnviz.softmax import HEAD_FUSIONS
 from attnviz.live import LiveProcessor, LiveSettings
 from attnviz.live_sharing import Priority, StreamSlots
 from .priority import priority

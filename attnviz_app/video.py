@@ -19,7 +19,7 @@ import streamlit as st
 import attnviz
 from attnviz import atomic, i18n
 from attnviz import video as core
-from attnviz.capture import HEAD_FUSIONS
+from attnviz.softmax import HEAD_FUSIONS
 
 from . import heavy
 from .settings import Settings

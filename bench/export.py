@@ -14,11 +14,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attnviz.photos import sample
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, os, sys, time
 from pathlib import Path
+
+from attnviz.photos import sample
 import numpy as np
 from PIL import Image
 import attnviz
@@ -67,7 +71,7 @@ def cli_peak(size: int, fmt: str) -> float:
         script = ("import resource, runpy, sys; sys.argv = sys.argv[1:]; "
                   "code = 0\ntry:\n    runpy.run_module('attnviz', run_name='__main__')\nexcept SystemExit as e:\n"
                   "    code = e.code\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024); sys.exit(code)")
-        done = subprocess.run([sys.executable, "-c", script, "attnviz", "export", str(ASSETS / "cat.jpg"),
+        done = subprocess.run([sys.executable, "-c", script, "attnviz", "export", str(sample("cat")),
                                "--out", tmp, "--size", str(size), "--format", fmt, "--device", "cpu", "--quiet"],
                               cwd=ROOT, capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1])

@@ -8,8 +8,6 @@ RoPE rotation or the shared bias). Medians over interleaved runs. Prints a Markd
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import timm
 import torch

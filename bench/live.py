@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 import attnviz

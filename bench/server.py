@@ -61,12 +61,12 @@ def clicks(queue: JobQueue, requests: list[tuple], compute) -> float:
 
 def main() -> None:
     budget()
-    from pathlib import Path
-
     import PIL.Image
 
+    from attnviz.photos import sample
+
     model = load_model(size=518, device="cpu")
-    cap = capture(model, PIL.Image.open(Path(__file__).resolve().parents[1] / "assets" / "cat.jpg"))
+    cap = capture(model, PIL.Image.open(sample("cat")))
     roll = lambda discard: rollout_map(cap, 0, cap.num_layers - 1, "mean", discard)  # noqa: E731
     start = time.perf_counter()
     roll(0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import APP, ASSETS, ROOT
+from conftest import APP, ASSETS
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import re
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -8,8 +8,6 @@ and that the server's memory stays well under what it was before (2.25 GB).
 from __future__ import annotations
 
 import io
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

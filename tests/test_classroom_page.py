@@ -2,8 +2,6 @@
 presenter view from the URL, odd photos get a note, file kinds and Streamlit's own prompt are translated."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest

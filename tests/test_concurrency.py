@@ -1,10 +1,8 @@
 """Many sessions share one model object: concurrent captures must equal one-by-one captures, bit for bit."""
 from __future__ import annotations
 
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch

@@ -10,7 +10,6 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import torch
-from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 import attnviz

@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 from attnviz import i18n
 from attnviz.dataset import RunConfig, read_run, run_local
 
-from conftest import APP, ROOT
+from conftest import APP
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
 
 

@@ -11,7 +11,6 @@ import attnviz
 from attnviz import ModelError, NoClassTokenError
 from attnviz.capture import capture_tensor
 from attnviz.rollout import rollout_map
-from conftest import tiny_vit
 
 
 @pytest.fixture

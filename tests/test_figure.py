@@ -10,7 +10,6 @@ import xml.etree.ElementTree as ET
 import matplotlib
 import numpy as np
 import pytest
-import torch
 from matplotlib.colors import to_hex
 from PIL import Image
 

@@ -78,7 +78,7 @@ def test_an_output_that_is_an_input_is_refused_before_anything_is_written(tmp_pa
     monkeypatch.setattr(attnviz.models, "load_model", never_load)  # refused before the model is even loaded
     code, err = run(["x.jpg", victim, "--out", ".", *options], capsys)
     assert code == 2 and len(err) == 1 and one_sentence(err[0]), err
-    assert err[0].startswith(f"error: x.jpg's ") and f"would overwrite the input {victim} " in err[0]
+    assert err[0].startswith("error: x.jpg's ") and f"would overwrite the input {victim} " in err[0]
     assert "nothing was exported" in err[0]
     assert contents(tmp_path) == before  # both inputs byte for byte, and not one file more
 

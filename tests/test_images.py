@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import re
-import sys
 import tomllib
 from pathlib import Path
 

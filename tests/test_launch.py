@@ -1,7 +1,6 @@
 """``make run``'s warm start fills the very cache entries the first visitor's page run reads."""
 from __future__ import annotations
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 import attnviz

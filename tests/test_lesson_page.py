@@ -6,7 +6,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz import i18n
 
-from conftest import APP, ROOT
+from conftest import APP
 
 
 

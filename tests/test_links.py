@@ -146,7 +146,6 @@ def test_a_model_or_size_the_server_does_not_offer_is_left_out(params):
 
 def test_a_link_opens_a_views_own_controls_and_the_display_controls_it_reads():
     """/?view=rollout&layers=4-12&fusion=max…: the rollout a teacher set up, not the view's defaults."""
-    from attnviz.rollout import rollout_map
 
     at = opened(view="rollout", layers="4-11", fusion="max", discard="0.5", cmap="viridis", opacity="0.8",
                 smooth="1", photo="coffee")

@@ -13,7 +13,6 @@ from safetensors.torch import load_file, save_file
 
 import attnviz
 from attnviz import offline
-from conftest import ROOT
 
 
 def test_default_model_shape(real_model):

@@ -2,8 +2,6 @@
 the model needs, identically through the library, the CLI and the page."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

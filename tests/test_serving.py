@@ -14,7 +14,6 @@ from safetensors.torch import save_file
 from attnviz import serving
 from attnviz.errors import ModelError
 from attnviz.jobs import core_count
-from conftest import ROOT
 
 
 def tiny_safetensors(path: Path, metadata: dict | None = None) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-import numpy as np
 import pytest
 
 av = pytest.importorskip("av")

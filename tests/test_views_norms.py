@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.capture import HIGH_NORM_RATIO, capture_tensor
-from conftest import APP, ASSETS, ROOT
+from conftest import APP, ASSETS
 
 
 def test_token_norms_are_the_block_outputs(tiny):

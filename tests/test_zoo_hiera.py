@@ -110,7 +110,7 @@ def test_hieradet_windows_are_its_window_partition_and_pooled_queries():
     # pools key cells (2i, 2j) … (2i + 1, 2j + 1) of the key grid into cell (i, j) of the query grid.
     for layer in (1, 3, 5):
         lay, attn = cap.layout(layer), network.blocks[layer].attn
-        (kh, kw), (qh, qw) = lay.keys_grid, lay.grid
+        (_, kw), (_, qw) = lay.keys_grid, lay.grid
         keys = lay.keys  # (W, Tk)
         side = round(keys.shape[1] ** 0.5)
         coords = torch.stack([keys // kw, keys % kw], 1).double().reshape(-1, 2, side, side)  # (W, 2, ws, ws)

@@ -2,9 +2,8 @@
 (its window_partition / grid_partition on an arange grid); GC ViT's odd blocks take the global query."""
 from __future__ import annotations
 
-import pytest
 
-from tests.test_zoo import SMALL_GCVIT, SMALL_MAXVIT
+from tests.test_zoo import SMALL_GCVIT
 from tests.zoo import one_sentence, walk_one
 
 

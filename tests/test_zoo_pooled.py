@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_zoo import SMALL_SAM
-from tests.zoo import one_sentence, walk_one
+from tests.zoo import one_sentence
 
 
 def small_capture(name: str, size: int, **kwargs):

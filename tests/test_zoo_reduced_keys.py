@@ -27,7 +27,7 @@ def mean_of_cells(grid, cells) -> list[float]:
     return [sum(r * w + c for r in rows for c in cols) / (len(rows) * len(cols)) for rows, cols in cells]
 
 
-def projected_input(attn, projection, run) -> "torch.Tensor":
+def projected_input(attn, projection, run):
     """Channel 0 of what ``projection`` (a module of ``attn``) is given when ``run(attn)`` runs."""
     seen = []
     handle = projection.register_forward_pre_hook(lambda _m, args: seen.append(args[0][..., 0].detach()))

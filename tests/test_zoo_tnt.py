@@ -87,7 +87,6 @@ def test_tnt_pixel_windows_are_the_models_own_unfold_on_the_fine_grid(name):
 
 
 def test_tnt_outer_layers_are_one_window_of_the_class_token_and_patches():
-    import torch
 
     from tests.zoo import eager_softmaxes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from attnviz import render
-from attnviz.capture import HEAD_FUSIONS
+from attnviz.softmax import HEAD_FUSIONS
 from attnviz_app import classroom, links, sources, ui, views
 from attnviz_app.text import t
 from attnviz_app.views.query import link_name

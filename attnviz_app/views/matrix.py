@@ -20,7 +20,7 @@ def _ticks(cap) -> tuple[list[float], list[str], list[float]]:
     """Tick positions and labels (the prefix block, then the centre of every k-th patch row) and the
     boundaries between patch rows. Labels closer than ~14 px to the prefix block are left out."""
     h, w = cap.grid
-    prefix, n, grid = cap.num_prefix_tokens, cap.num_tokens, cap.grid  # the widgets' functions hold these, not cap
+    prefix, n = cap.num_prefix_tokens, cap.num_tokens  # the widgets' functions hold these, not cap
     first = t("analysis.cls_token") if prefix == 1 else t("analysis.matrix.prefix_tick", k=prefix - 1)
     at, labels = [(prefix - 1) / 2], [first]
     step = max(1, -(-h // MAX_TICKS))

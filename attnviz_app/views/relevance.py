@@ -1,7 +1,9 @@
 """Class-specific maps (Chefer et al. 2021) for one of the top-5 classes of a classifier."""
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
+from PIL import Image
 
 from attnviz import render
 from attnviz.relevance import RelevanceError, relevance_map

@@ -6,7 +6,7 @@ import streamlit as st
 from PIL import Image
 
 from attnviz import render
-from attnviz.capture import HEAD_FUSIONS
+from attnviz.softmax import HEAD_FUSIONS
 from attnviz.rollout import rollout_map
 from .. import heavy
 from ..text import t

@@ -10,7 +10,7 @@ import numpy as np
 import streamlit as st
 
 from attnviz import render
-from attnviz.capture import HEAD_FUSIONS
+from attnviz.softmax import HEAD_FUSIONS
 
 from .. import links
 from ..text import t
