@@ -93,9 +93,12 @@ def test_language_switch_after_running_the_test_in_a_real_browser():
         page = browser.new_page(viewport={"width": 1400, "height": 2000})
         page.goto(url + "/lesson")
         page.get_by_text(i18n.text("en", "lesson.title")).wait_for(timeout=120_000)
+        quiet(page)  # each click below lands on a page whose run is over, not on an element being replaced
         page.get_by_role("tab").nth(6).click()
+        quiet(page)
         page.get_by_role("button", name=i18n.text("en", "lesson.explain.run", layer=12)).click()
         page.get_by_text(i18n.text("en", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
+        quiet(page)
         page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()
         page.get_by_role("option", name="繁體中文").click()
         page.get_by_text(i18n.text("zh-TW", "lesson.title")).wait_for(timeout=60_000)
@@ -103,6 +106,7 @@ def test_language_switch_after_running_the_test_in_a_real_browser():
         quiet(page)
         # the page stays on step 7 in its new language (the step is remembered as a number, not a label)
         assert page.get_by_role("tab", selected=True).inner_text() == i18n.text("zh-TW", "lesson.tab7")
+        quiet(page)
         page.get_by_role("button", name=i18n.text("zh-TW", "lesson.explain.run", layer=12)).click()
         page.get_by_text(i18n.text("zh-TW", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
         assert page.locator("[data-testid=stException]").count() == 0
