@@ -94,7 +94,8 @@ def widget_words() -> None:
         ("skip", "Skip to main content"), ("help_for", "Help for (.+)"), ("collapse_sidebar", "Collapse sidebar"),
         ("expand_sidebar", "Expand sidebar"), ("app_pages", "App pages"), ("sidebar", "Sidebar"), ("open", "Open"),
         ("heading_link", "Link to heading"), ("chart", "Vega visualization"), ("range_start", "(.+) — start"),
-        ("range_end", "(.+) — end"), *TOOLBAR,
+        ("range_end", "(.+) — end"), ("decrement", "Decrement"), ("increment", "Increment"),
+        ("copy_code", "Copy to clipboard"), *TOOLBAR,
     )]
     rules += [(f"^{label}: (.+)$", t(f"streamlit.{key}") + t("streamlit.naming")) for key, label in TOOLBAR]
     st.html(WIDGET_WORDS_JS % {"rules": json.dumps(rules, ensure_ascii=False)}, unsafe_allow_javascript=True)

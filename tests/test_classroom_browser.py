@@ -283,6 +283,14 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
         show_data.hover(timeout=30_000)
         assert show_data.get_attribute("aria-label").startswith("顯示資料：第 12 層")  # the button and the chart it serves
         chart.get_by_role("tooltip").filter(has_text="顯示資料").wait_for(timeout=30_000)
+        # a number box's − and + (the lesson's worked example) and a code block's copy button (the dataset page)
+        for path, english, chinese in (("/lesson?lang=zh-TW&step=2", ("Decrement", "Increment"), ("減少", "增加")),
+                                       ("/dataset?lang=zh-TW", ("Copy to clipboard",), ("複製到剪貼簿",))):
+            chart.goto(url + path)
+            chart.wait_for_function("w => [...document.querySelectorAll('button[aria-label]')].some(b => b.ariaLabel === w)",
+                                    arg=chinese[0], timeout=180_000)
+            named = chart.evaluate("() => [...document.querySelectorAll('button[aria-label]')].map(b => b.ariaLabel)")
+            assert set(chinese) <= set(named) and not set(english) & set(named), (path, named)
         chart.close()
         page.locator(".st-key-source label").filter(has_text="上傳照片").click()
         dropzone = page.locator("[data-testid=stFileUploaderDropzone]")
