@@ -59,7 +59,8 @@ D_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the scaling step's d_k choices
 FIRST_D_K, FIRST_DIVISOR = 64, 1.0
 PAIR_KIND = "pair_kind.choice"  # the pair step's query kind (remembered_choice's memory)
 # the last step's choices: Rank patches by (remembered_choice's memory), Remove a patch by (likewise), Remove up to
-RANK, REMOVE, UP_TO = "perturb_head.choice", "perturb_fill.choice", "perturb_max"
+RANK_BOX, REMOVE_BOX, UP_TO = "perturb_head", "perturb_fill", "perturb_max"
+RANK, REMOVE = f"{RANK_BOX}.choice", f"{REMOVE_BOX}.choice"
 UP_TOS, FIRST_UP_TO = range(10, 91, 10), 50
 
 
@@ -435,10 +436,10 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
     st.markdown(t("lesson.explain.test_intro"))
     controls = st.columns(3)
     head = remembered_choice(
-        controls[0].selectbox, t("lesson.explain.rank_by"), ["mean", *range(cap.num_heads)], key="perturb_head",
+        controls[0].selectbox, t("lesson.explain.rank_by"), ["mean", *range(cap.num_heads)], key=RANK_BOX,
         format_func=lambda h: t("lesson.explain.mean_heads") if h == "mean" else t("lesson.head_n", n=h + 1),
     )
-    fill = remembered_choice(controls[1].radio, t("lesson.explain.fill"), list(lesson.FILLS), key="perturb_fill",
+    fill = remembered_choice(controls[1].radio, t("lesson.explain.fill"), list(lesson.FILLS), key=REMOVE_BOX,
                              horizontal=True, format_func=lambda f: t(f"lesson.explain.fill_{f}"))
     percent = controls[2].slider(t("lesson.explain.max_fraction"), UP_TOS[0], UP_TOS[-1], step=UP_TOS.step, key=UP_TO,
                                  format="%d%%")  # first: follow_link
