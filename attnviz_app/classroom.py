@@ -78,6 +78,9 @@ BASE_CSS = """
   [data-testid="stSlider"] [role="slider"]::before { content: ""; position: absolute; inset: -8px; }
   [data-testid="stTabs"] button[role="tab"] { min-height: 40px; }
 }
+/* A clickable picture with no numbers to show (the plain photo): no "Show data", the first of its toolbar's buttons
+   (views/common.py: clickable_picture). */
+[class*="st-key-picture_only_"] [data-testid="stElementToolbarButton"]:first-child { display: none; }
 /* On a touch screen a chart's toolbar (its data table, a download, full screen) appears at the first tap and stays,
    over the title above the chart; every chart has its own download buttons under it. */
 @media (hover: none) {

@@ -9,6 +9,7 @@ from attnviz.dataset import RunConfig, read_run, run_local
 
 from conftest import APP
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
+from test_views_charts import shown_data
 
 
 
@@ -45,6 +46,13 @@ def test_page_opens_a_run(runs, monkeypatch, lang):
     assert len(captions) == 4
     assert [c.split(" · ")[0] for c in captions] == [p.rsplit("/", 1)[1] for p in rows["path"]]
     assert f"{rows['distance_px'].iloc[0]:.1f}" in captions[0]
+    # The chart's "Show data": one row per head, headed in the page's language, its mean over the photos
+    table = shown_data(at.get("vega_lite_chart")[0])
+    assert list(table.columns) == [i18n.text(lang, f"dataset.{k}") for k in
+                                   ("layer", "head", "distance_axis", "entropy_axis", "images")]
+    head = table[(table.iloc[:, 0] == 12) & (table.iloc[:, 1] == 1)].iloc[0]
+    assert abs(head.iloc[2] - rows["distance_px"].mean()) <= 1e-4 and abs(head.iloc[3] - rows["entropy"].mean()) <= 1e-4
+    assert head.iloc[4] == 4
     reason = at.dataframe[0].value.iloc[0, 1]
     assert reason == i18n.text(lang, "images.unreadable", name="notes.jpg", formats=i18n.text(lang, "images.formats"))
 

@@ -82,6 +82,14 @@ def test_click_a_head_off_and_pick_a_query_patch(app_in_chromium, real_model, ca
     weight = float(cat_capture.weights(layer, 0)[1 + row * 14 + col, 1 + krow * 14 + kcol])
     assert f"{weight:.6f}" in " ".join(page.locator("[data-testid='stMarkdown']").all_inner_texts())
     shot(page, "neuron_desktop_en")
+    # "Show data" opens the numbers a picture shows (where the query looks); the query picker draws only the photo
+    for chart, offered in (("neuron_key_chart", True), ("neuron_query_chart", False)):
+        page.locator(f".st-key-{chart} .marks").first.hover()
+        page.wait_for_timeout(300)
+        assert page.locator(f".st-key-{chart} [data-testid='stElementToolbar'] button").first.is_visible() == offered
+    page.locator(".st-key-neuron_key_chart .marks").first.hover()
+    page.locator(".st-key-neuron_key_chart [data-testid='stElementToolbar'] button").first.click()
+    page.locator(".st-key-neuron_key_chart [data-testid='stDataFrame']").wait_for(timeout=30_000)
     page.locator("[data-testid='stVegaLiteChart']").last.scroll_into_view_if_needed()
     shot(page, "neuron_desktop_en_strip")
 

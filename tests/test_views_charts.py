@@ -79,8 +79,10 @@ def texts(root: ET.Element) -> list[str]:
 
 
 def marks(root: ET.Element, kind: str) -> list[int]:
-    """How many marks each of the chart's own ``kind`` layers draws (rect, symbol, text, rule, image), in order."""
-    return [len(list(g)) for g in root.iter(f"{SVG}g") if (g.get("class") or "").startswith(f"mark-{kind} role-mark")]
+    """How many marks each of the chart's own ``kind`` layers draws (rect, symbol, text, rule, image), in order;
+    the layer that only holds the "Show data" table (views.common.table_layer) draws none and is left out."""
+    counts = [len(list(g)) for g in root.iter(f"{SVG}g") if (g.get("class") or "").startswith(f"mark-{kind} role-mark")]
+    return [n for n in counts if n]
 
 
 # stem → words each file must hold as text (axis and panel titles, data labels), in English and in Chinese
@@ -202,3 +204,90 @@ def test_the_files_draw_the_capture_s_own_marks(pages):
     assert marks(svg("head_cls_entropy"), "symbol") == [2 * 4]  # a dot per head and layer
     curves = texts(svg("deletion_insertion_curves_token"))
     assert {fa.map_name(c.ranking, "en") for c in result.curves} <= set(curves)
+
+
+def shown_data(chart):
+    """What the chart toolbar's "Show data" opens, as a data frame: Streamlit's frontend shows a chart's top-level
+    data, else its first dataset (ArrowVegaLiteChart)."""
+    import pyarrow as pa
+
+    proto = chart.proto
+    arrow = proto.data.data if proto.HasField("data") and proto.data.data else proto.datasets[0].data.data
+    return pa.ipc.open_stream(arrow).read_all().to_pandas()
+
+
+HEADERS = {  # view → the headers of each chart's "Show data" table, in the page's order
+    "en": {
+        "query": [["row", "column", "attention weight"]],
+        "heads": [["layer", "head", "brightest patch (the most attention)", "attention weight"]],
+        "neuron": [["row", "column", "attention weight"], ["dimension", "q", "k", "q ⊙ k"]],
+        "stats": [["layer", "head", "distance (px)"], ["layer", "head", "share to CLS / registers (%)"],
+                  ["layer", "head", "entropy (nats)"]],
+        "norms": [["layer", "largest patch", "99th percentile"], ["row", "column", "token norm"]],
+        "qkmap": [["Kind", "Token", "first direction", "second direction", "Patch row"],
+                  ["Layer", "Head", "R with row", "R with column"]],
+        "faithfulness": [["Map", "% of patches removed (deletion) / put back (insertion)", "deletion", "insertion"]],
+    },
+    "zh-TW": {
+        "query": [["列", "行", "注意力權重"]],
+        "heads": [["層", "頭", "最亮的圖塊（注意力最多）", "注意力權重"]],
+        "neuron": [["列", "行", "注意力權重"], ["維度", "q", "k", "q ⊙ k"]],
+        "stats": [["層", "頭", "距離（像素）"], ["層", "頭", "流向 CLS／暫存器的比例（%）"], ["層", "頭", "熵（nat）"]],
+        "norms": [["層", "最大的圖塊", "第 99 百分位數"], ["列", "行", "token 範數"]],
+        "qkmap": [["種類", "Token", "第一方向", "第二方向", "圖塊所在列"], ["層", "注意力頭", "與列的 R", "與行的 R"]],
+        "faithfulness": [["圖", "移除（刪除）／放回（插入）的圖塊百分比", "刪除", "插入"]],
+    },
+}
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_show_data_opens_the_numbers_each_chart_draws(lang):
+    """A chart's "Show data" was its first layer's data: a picture's data URL, a line's end points, under internal
+    names. Now it is a table of what the chart draws, headed in the page's language, and its numbers are the
+    capture's: recomputed here from the captured q and k, with numpy."""
+    import numpy as np
+
+    from attnviz import i18n
+
+    model, _, cap = tiny_capture()
+    tables = {}
+    for view in HEADERS[lang]:
+        at = opened(view, lang)
+        charts = [c for c in at.get("vega_lite_chart") if c.proto.datasets or c.proto.HasField("data")]
+        tables[view] = [shown_data(c) for c in charts]
+    for view, headers in HEADERS[lang].items():
+        shown = [list(table.columns) for table in tables[view]]
+        if view == "neuron":  # the query picker draws the plain photo: no numbers, and BASE_CSS hides its button
+            assert shown[0] == ["col", "row", "c1", "r1", "url"], shown
+            shown = shown[1:]
+        assert shown == headers, (view, shown)
+
+    def cls_rows(layer: int) -> np.ndarray:  # (H, N), the class token's softmax(q kᵀ · scale), independently
+        q, k = cap.query[layer].double().numpy(), cap.key[layer].double().numpy()  # (H, N, d)
+        logits = np.einsum("hd,hnd->hn", q[:, 0], k) * cap.scale
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    p, (h, w) = cap.num_prefix_tokens, cap.grid
+    # the harness's page: layer 2 (index 1), head 1, the class token as the query
+    query = tables["query"][0]
+    np.testing.assert_array_equal(query.iloc[:, 0], np.repeat(np.arange(1, h + 1), w))  # row by row, from 1
+    np.testing.assert_array_equal(query.iloc[:, 1], np.tile(np.arange(1, w + 1), h))
+    np.testing.assert_allclose(query.iloc[:, 2], cls_rows(1)[0, p:], atol=1e-6)
+    heads = tables["heads"][0]
+    assert len(heads) == cap.num_layers * (cap.num_heads + 1)
+    for (_, row), (layer, column) in zip(heads.iterrows(), np.ndindex(cap.num_layers, cap.num_heads + 1)):
+        rows = cls_rows(layer)[:, p:]
+        patches = rows[column] if column < cap.num_heads else rows.mean(0)
+        top = int(patches.argmax())
+        assert row.iloc[2] == i18n.text(lang, "analysis.patch", row=top // w + 1, col=top % w + 1), row.iloc[2]
+        assert abs(row.iloc[3] - patches[top]) <= 1e-6
+    strip = tables["neuron"][2]
+    q, k = cap.query[1, 0].double().numpy(), cap.key[1, 0].double().numpy()
+    query_token, key_token = 1 + 2 * w + 2, 1 + 2 * w + 3  # the harness's neuron pair: patches (2, 2) and (2, 3)
+    np.testing.assert_allclose(strip.iloc[:, 1], q[query_token], atol=1e-6)
+    np.testing.assert_allclose(strip.iloc[:, 2], k[key_token], atol=1e-6)
+    np.testing.assert_allclose(strip.iloc[:, 3], q[query_token] * k[key_token], atol=1e-6)
+    for view, found in tables.items():  # nothing of a picture's data URL is left in any table
+        assert not any(found_table.astype(str).apply(lambda c: c.str.startswith("data:image")).any().any()
+                       for found_table in found[1 if view == "neuron" else 0:]), view

@@ -20,7 +20,7 @@ with startup.importing():
     import pandas as pd
 
     from attnviz_app import classroom, links, ui
-    from attnviz_app.views.common import download_chart
+    from attnviz_app.views.common import download_chart, table_layer
     from attnviz import dataset, i18n, render, runfiles
     from attnviz.adapters import family_of_name
     from attnviz.errors import RunFileError
@@ -78,7 +78,10 @@ def scatter(summary: pd.DataFrame, per_image: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("distance_px:Q", format=".1f", title=t("dataset.distance_axis")),
                  alt.Tooltip("entropy:Q", format=".2f", title=t("dataset.entropy_axis"))],
     ).transform_filter(hover)
-    return alt.layer(photos, heads).properties(height=420)
+    shown = summary[["layer", "head", "distance_px", "entropy", "images"]].set_axis(
+        [t("dataset.layer"), t("dataset.head"), t("dataset.distance_axis"), t("dataset.entropy_axis"),
+         t("dataset.images")], axis=1)
+    return alt.layer(table_layer(shown), photos, heads).properties(height=420)
 
 
 def lang() -> str:

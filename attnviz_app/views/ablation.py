@@ -12,7 +12,7 @@ from .. import heavy
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import download_chart, enlarge
+from .common import download_chart, enlarge, table_layer
 
 KIND = "ablation"
 OFF = "ablation_off"  # the heads switched off in this session: sorted list of "layer-head" (0-based)
@@ -59,7 +59,8 @@ def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, s
         x="head:O", y="layer:O")
     if clickable:
         chart = chart.add_params(alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False))
-    return alt.layer(chart, marks).properties(width=alt.Step(max(12, min(42, 300 // heads))),
+    shown = cells[["layer", "head", "value"]].set_axis([t("ablation_page.layer"), t("ablation_page.head"), title], axis=1)
+    return alt.layer(table_layer(shown), chart, marks).properties(width=alt.Step(max(12, min(42, 300 // heads))),
                                              height=alt.Step(max(8, min(24, 330 // layers))))
 
 

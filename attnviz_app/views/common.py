@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import io
+from contextlib import nullcontext
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 from PIL import Image
 
@@ -155,12 +157,33 @@ def colour_scale(grid_map: np.ndarray, cmap: str, width: int, units: str, stretc
     st.caption(t("analysis.scale_units", lo=float(grid_map.min()), hi=float(grid_map.max()), units=units))
 
 
+def table_layer(table: pd.DataFrame):
+    """A chart layer that draws nothing and holds ``table``: the numbers the chart draws, under headings in the
+    page's language. Put first in a chart, it is what the chart toolbar's "Show data" opens (Streamlit shows a
+    chart's first dataset), where a reader saw a picture's data URL or a line's end points under internal names.
+    Being a layer of the chart, Vega knows the dataset when Streamlit updates the chart's data."""
+    import altair as alt
+
+    return alt.Chart(table).mark_point(aria=False).transform_filter("false")
+
+
+def patch_table(values: np.ndarray, value_name: str) -> pd.DataFrame:
+    """(h, w) values over the patch grid → a row per patch, row by row: the patch's row and column (from 1, as the
+    page counts) and its value under ``value_name``."""
+    h, w = values.shape
+    rows, columns = np.divmod(np.arange(h * w), w)
+    return pd.DataFrame({t("analysis.row"): rows + 1, t("analysis.column"): columns + 1,
+                         value_name: np.asarray(values, dtype=np.float64).reshape(-1)})
+
+
 def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_select, narrow: bool = False,
-                      name: str | None = None) -> None:
+                      name: str | None = None, table: pd.DataFrame | None = None) -> None:
     """``picture`` drawn by Altair with an invisible grid of patches on top; a click selects a patch.
 
     The selection ``patch`` holds ``{"row": r, "col": c}`` (0-based); ``on_select`` runs as the callback. ``name``:
-    what a screen reader says for the picture (the heading above it); each cell is named by its patch.
+    what a screen reader says for the picture (the heading above it); each cell is named by its patch. ``table``:
+    the numbers the picture shows (:func:`patch_table`), which "Show data" opens; a picture without numbers (the
+    plain photo) has no "Show data" (BASE_CSS hides it in a ``picture_only`` container).
     """
     import altair as alt
     import pandas as pd
@@ -183,8 +206,10 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
         strokeOpacity=alt.condition(hover, alt.value(0.9), alt.value(0.0), empty=False),
         tooltip=[alt.Tooltip("r1:Q", title=t("analysis.row")), alt.Tooltip("c1:Q", title=t("analysis.column"))],
     ).add_params(pick, hover)
-    chart = alt.layer(photo, grid_layer).properties(width=side, height=side, usermeta=SVG).configure_view(strokeWidth=0)
-    st.altair_chart(chart, key=key, on_select=on_select, selection_mode="patch", width="content", alt=name)
+    layers = [photo, grid_layer] if table is None else [table_layer(table), photo, grid_layer]
+    chart = alt.layer(*layers).properties(width=side, height=side, usermeta=SVG).configure_view(strokeWidth=0)
+    with st.container(key=f"picture_only_{key}") if table is None else nullcontext():
+        st.altair_chart(chart, key=key, on_select=on_select, selection_mode="patch", width="content", alt=name)
 
 
 def selected_points(state, name: str) -> list[dict]:

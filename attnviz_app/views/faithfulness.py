@@ -12,7 +12,7 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, Linked, View, flag, one_of, register, write_flag
-from .common import download_chart
+from .common import download_chart, table_layer
 
 KIND = "faithfulness"
 
@@ -84,6 +84,10 @@ def curves_chart(result: fa.Faithfulness, narrow: bool = False) -> alt.Chart:
     lines, bands = pd.DataFrame(lines), pd.DataFrame(bands)
     width = 250 if narrow else 330  # two panels and their axes inside the page's column (358 px on a phone)
     names = [fa.map_name(c.ranking, lang()) for c in result.curves]  # legend in the table's order of kinds
+    shown = pd.DataFrame([{t("faith_page.map"): fa.map_name(c.ranking, lang()), t("faith_page.percent_axis"): p,
+                           t("faith_page.deletion_short"): d, t("faith_page.insertion_short"): i}
+                          for c in (*result.curves, *result.random)
+                          for p, d, i in zip(percent, c.deletion, c.insertion)])
     panels = []
     for key in ("deletion", "insertion"):
         band_data, line_data = bands[bands["curve"] == which[key]], lines[lines["curve"] == which[key]]
@@ -99,7 +103,8 @@ def curves_chart(result: fa.Faithfulness, narrow: bool = False) -> alt.Chart:
         )
         if not panels:
             maps = maps.add_params(pick)
-        panels.append(alt.layer(band, mean, maps, title=which[key]).properties(width=width, height=260))
+        first = [table_layer(shown)] if not panels else []  # "Show data": every curve, random orders too
+        panels.append(alt.layer(*first, band, mean, maps, title=which[key]).properties(width=width, height=260))
     return alt.vconcat(*panels) if narrow else alt.hconcat(*panels)
 
 

@@ -12,7 +12,7 @@ from ..text import t
 
 from .base import ALL, Context, View, register
 from .cls import no_class_token_note
-from .common import QUERY_COLOUR, data_url, download_figure, download_png, head_label, selected_points
+from .common import QUERY_COLOUR, data_url, download_figure, download_png, head_label, selected_points, table_layer
 
 CHART_KEY = "heads_chart"
 CELL_PX = 72  # side of one small map on the page
@@ -67,9 +67,24 @@ def montage(tiles: list[list[Image.Image]], chosen: tuple[int, int], gap: int = 
     return sheet
 
 
-def tiles_of(cap, view: Image.Image, cell: int, alpha: float, cmap: str, smooth: bool) -> list[list[Image.Image]]:
-    """Per layer, each head's CLS map and then their mean, over ``view`` at ``cell`` px."""
-    maps = cls_maps(cap)  # (L, H + 1, h, w)
+def brightest(maps: np.ndarray) -> pd.DataFrame:
+    """What the tiles show, in numbers ("Show data"): per layer and head (the mean last), its brightest patch and
+    that patch's weight. ``maps``: :func:`cls_maps`."""
+    num_layers, columns, h, w = maps.shape
+    flat = maps.reshape(num_layers, columns, h * w)
+    top = flat.argmax(-1)  # (L, H + 1)
+    heads = [*(str(k + 1) for k in range(columns - 1)), t("analysis.heads.mean")]
+    return pd.DataFrame([{
+        t("analysis.heads.layer"): l + 1, t("analysis.heads.head"): heads[c],
+        t("analysis.heads.brightest"): t("analysis.patch", row=top[l, c] // w + 1, col=top[l, c] % w + 1),
+        t("analysis.matrix.colorbar"): float(flat[l, c, top[l, c]]),
+    } for l in range(num_layers) for c in range(columns)])
+
+
+def tiles_of(cap, view: Image.Image, cell: int, alpha: float, cmap: str, smooth: bool,
+             maps: np.ndarray | None = None) -> list[list[Image.Image]]:
+    """Per layer, each head's CLS map and then their mean, over ``view`` at ``cell`` px (``maps``: cls_maps)."""
+    maps = cls_maps(cap) if maps is None else maps  # (L, H + 1, h, w)
     small = view.resize((cell, cell), Image.Resampling.BICUBIC)
     return [[render.overlay(small, layer_maps[c], alpha=alpha, cmap=cmap, smooth=smooth)
              for c in range(cap.num_heads + 1)] for layer_maps in maps]
@@ -94,7 +109,8 @@ def show(ctx: Context) -> None:
         cell = min(cell, PRESENT_PX // num_layers - 8)
     cell = max(16, cell)
     drawn = (cell, ctx.alpha, ctx.cmap, ctx.smooth)
-    tiles = tiles_of(cap, ctx.view, *drawn)
+    maps = cls_maps(cap)
+    tiles = tiles_of(cap, ctx.view, *drawn, maps=maps)
     names = [*(str(k + 1) for k in range(num_heads)), MEAN]
     chosen_head = MEAN if ctx.head == MEAN else (str(ctx.head + 1) if isinstance(ctx.head, int) else None)
     cells = pd.DataFrame([
@@ -119,7 +135,7 @@ def show(ctx: Context) -> None:
                  alt.Tooltip("head:N", title=t("analysis.heads.head"))],
     ).add_params(pick)
     step = cell + 8
-    chart = alt.layer(images, frames).properties(
+    chart = alt.layer(table_layer(brightest(maps)), images, frames).properties(
         width=alt.Step(step), height=alt.Step(step)
     ).configure_view(strokeWidth=0).configure_axis(labelFontSize=13, titleFontSize=14)
     st.altair_chart(chart, key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content",

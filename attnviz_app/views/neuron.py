@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import altair as alt
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -10,7 +11,7 @@ from attnviz.neuron import neuron_pair
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import clickable_picture, download_chart, enlarge, mark_patch, selected_points
+from .common import clickable_picture, download_chart, enlarge, mark_patch, patch_table, selected_points, table_layer
 
 QUERY, KEY = "neuron_query", "neuron_key"  # (row, col) of the chosen patches
 
@@ -42,7 +43,10 @@ def strip_chart(pair, narrow: bool) -> alt.Chart:
         ).properties(width=width, height=26)
 
     names = [t("neuron_page.q"), t("neuron_page.k"), t("neuron_page.product")]
-    return alt.vconcat(*(one(n) for n in names)).resolve_scale(color="independent")
+    table = pd.DataFrame({t("neuron_page.dim"): np.arange(1, len(pair.q) + 1), names[0]: pair.q, names[1]: pair.k,
+                          names[2]: pair.product})
+    first, *rest = (one(n) for n in names)
+    return alt.vconcat(alt.layer(table_layer(table), first), *rest).resolve_scale(color="independent")
 
 
 def show(ctx: Context) -> None:
@@ -77,7 +81,7 @@ def show(ctx: Context) -> None:
         st.markdown(f"**{title}**")
         picture = mark_patch(enlarge(render.overlay(ctx.view, row, ctx.alpha, ctx.cmap, ctx.smooth)), cap.grid, (kr, kc))
         clickable_picture(picture, cap.grid, key="neuron_key_chart", on_select=_pick(KEY, "neuron_key_chart"),
-                          narrow=True, name=title)
+                          narrow=True, name=title, table=patch_table(row, t("analysis.matrix.colorbar")))
 
     pair = neuron_pair(cap, ctx.layer, head, query, key)
     d = pair.q.shape[0]

@@ -17,7 +17,7 @@ from attnviz.capture import HIGH_NORM_RATIO, Capture
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import colour_scale, download_chart, enlarge, token_label
+from .common import colour_scale, download_chart, enlarge, patch_table, table_layer, token_label
 
 HIGH_NORM_COLOUR = (255, 0, 255)  # magenta: apart from the cyan query frame and every colour map's ends
 
@@ -81,7 +81,10 @@ def show(ctx: Context) -> None:
     threshold = alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(y="y:Q")
     label = alt.Chart(rule).mark_text(align="left", dx=4, dy=-7, color="gray").encode(y="y:Q", x=alt.value(0), text="label:N")
     st.markdown(f"**{t('families.norms_by_layer')}**")
-    chart = alt.layer(lines, threshold, label).properties(height=240)
+    wide = data.pivot(index="layer", columns="series", values="ratio").reset_index()
+    shown = wide[["layer", t("families.norms_max"), t("families.norms_p99")]].rename(
+        columns={"layer": t("families.norms_layer_axis")})
+    chart = alt.layer(table_layer(shown), lines, threshold, label).properties(height=240)
     st.altair_chart(chart, width="stretch")
     download_chart(chart.properties(title=t("families.norms_by_layer")), "token_norms_by_layer", key="norms_by_layer")
 
@@ -107,13 +110,15 @@ def show(ctx: Context) -> None:
                 f"{token_label(i, p, cap.grid, short=True)} {float(cap.token_norms[layer, i]) / median:.2f}×" for i in range(p)
             )
             st.caption(t("families.norms_prefix", layer=layer + 1, values=values))
-        norms = pd.DataFrame({"norm": cap.token_norms[layer, p:].double().cpu().numpy()})
+        per_patch = cap.token_norms[layer, p:].double().cpu().numpy()
+        norms = pd.DataFrame({"norm": per_patch})
         st.markdown(f"**{t('families.norms_histogram', layer=layer + 1)}**")
         histogram = alt.Chart(norms).mark_bar().encode(
             x=alt.X("norm:Q", bin=alt.Bin(maxbins=40), title=t("families.norms_norm_axis")),
             y=alt.Y("count():Q", title=t("families.norms_count_axis")),
         )
-        histogram = histogram.properties(height=220)
+        histogram = alt.layer(table_layer(patch_table(per_patch.reshape(cap.grid), t("families.norms_norm_axis"))),
+                              histogram).properties(height=220)
         st.altair_chart(histogram, width="stretch")
         download_chart(histogram.properties(title=t("families.norms_histogram", layer=layer + 1)),
                        f"token_norms_layer{layer + 1}_histogram", key="norms_histogram")

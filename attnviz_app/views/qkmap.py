@@ -11,7 +11,7 @@ from .. import heavy
 from ..text import t
 
 from .base import HEAD, LAYER, Context, Linked, View, one_of, register
-from .common import CANVAS, SVG, data_url, download_chart, selected_points, token_label
+from .common import CANVAS, SVG, data_url, download_chart, selected_points, table_layer, token_label
 from .query import current_query, set_query
 
 CHART_KEY = "qk_chart"
@@ -147,7 +147,9 @@ def points_plot(qk: qkmap.QKMap, values: np.ndarray, query: int, colour_title: s
     top_lines = alt.Chart(lines).mark_rule(color="#ff00aa", strokeWidth=2).encode(x=x, y=y, x2="x2:Q", y2="y2:Q")
     chosen = alt.Chart(data.iloc[[start]]).mark_point(shape="circle", size=260, filled=False, color="#ff00aa",
                                                       strokeWidth=3).encode(x=x, y=y)
-    return alt.layer(top_lines, points, prefix, chosen).properties(width=side, height=side)
+    table = pd.DataFrame({t("qkmap.kind"): data["kind_label"], t("qkmap.token"): data["label"],
+                          t("qkmap.axis_1"): data["x"], t("qkmap.axis_2"): data["y"], colour_title: data["value"]})
+    return alt.layer(table_layer(table), top_lines, points, prefix, chosen).properties(width=side, height=side)
 
 
 def configured(chart):
@@ -189,7 +191,10 @@ def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: n
     layer, head = chosen
     here = alt.Chart(pd.DataFrame([{"c0": head, "r0": layer, "c1": head + 1, "r1": layer + 1}])).mark_rect(
         fillOpacity=0, stroke="#ff00aa", strokeWidth=3).encode(x=x, x2="c1:Q", y=y, y2="r1:Q")
-    return alt.layer(image, here, grid).properties(width=width, height=height, usermeta=CANVAS).configure_view(
+    table = cells[["layer", "head", "row_r", "column_r"]].set_axis(
+        [t("view.layer"), t("view.head"), t("qkmap.row_r"), t("qkmap.column_r")], axis=1)
+    return alt.layer(table_layer(table), image, here, grid).properties(
+        width=width, height=height, usermeta=CANVAS).configure_view(
         strokeWidth=0)
 
 

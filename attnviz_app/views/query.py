@@ -11,7 +11,7 @@ from ..text import t
 
 from .base import ALL, Context, View, patch_named, register
 from .common import (
-    clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch,
+    clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch, patch_table,
     selected_points, token_label,
 )
 
@@ -101,7 +101,8 @@ def show(ctx: Context) -> None:
     with left:
         title = t("analysis.query.title", layer=ctx.layer + 1, head=head_label(ctx.head), token=label)
         st.subheader(title)
-        clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow, name=title)
+        clickable_picture(picture, cap.grid, key=CHART_KEY, on_select=_clicked, narrow=ctx.narrow, name=title,
+                          table=patch_table(grid_map, t("analysis.matrix.colorbar")))
         st.caption(t("analysis.query.caption"))
         colour_scale(grid_map, ctx.cmap, picture.width, t("analysis.query.units", n=cap.num_tokens))
         download_png(ctx.deferred(picture_of, *drawn), f"query{query}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png",

@@ -15,7 +15,7 @@ from attnviz.softmax import HEAD_FUSIONS
 from .. import links
 from ..text import t
 from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
-                     head_part, mark_patch, selected_points)
+                     head_part, mark_patch, patch_table, selected_points)
 from .base import Context, patch_named
 from .takeaway import files
 
@@ -245,7 +245,8 @@ def show(ctx: Context, panel=None) -> dict[str, str]:
         picture = query_picture(cap, view, *drawn)
         title = t("stages.query_title", row=row + 1, col=col + 1, **names)
         st.subheader(title)
-        clickable_picture(picture, lay.grid, key=CHART_KEY, on_select=_clicked, narrow=narrow, name=title)
+        clickable_picture(picture, lay.grid, key=CHART_KEY, on_select=_clicked, narrow=narrow, name=title,
+                          table=patch_table(grid_map, t("analysis.matrix.colorbar")))  # at the keys' grid
         shifted = t("stages.query_shifted", sh=lay.shift[0], sw=lay.shift[1]) if any(lay.shift) else ""
         if lay.num_windows > 1:
             st.caption(t("stages.query_caption", shifted=shifted))

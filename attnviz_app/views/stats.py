@@ -10,7 +10,7 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, View, register
-from .common import download_chart, download_file, figure_png
+from .common import download_chart, download_file, figure_png, table_layer
 
 PANELS = ("distance", "entropy", "prefix")
 STEMS = {"distance": "head_mean_attention_distance", "entropy": "head_cls_entropy", "prefix": "head_prefix_share"}
@@ -39,7 +39,9 @@ def panel(
                  alt.Tooltip("head:N", title=t("analysis.stats.head_legend")), alt.Tooltip(f"{field}:Q", format=".2f")],
     )
     mean = alt.Chart(data).mark_line(color="black", strokeWidth=2).encode(x=x, y=f"mean({field}):Q")
-    layers = [dots, mean]
+    shown = data[["layer", "head", field]].set_axis(
+        [t("analysis.stats.layer_axis"), t("analysis.stats.head_legend"), axis_title], axis=1)
+    layers = [table_layer(shown), dots, mean]
     if reference is not None:
         rule = pd.DataFrame([{"y": reference, "label": reference_label}])
         layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(y="y:Q"))
