@@ -177,15 +177,15 @@ def _picture(cap: Capture, picture: Image.Image | None) -> Image.Image:
     return cap.prepared.picture(cap.input)
 
 
-def _staged_facts(cap: StagedCapture, strings: dict, view: Image.Image, fit: str) -> list[tuple[str, str]]:
+def _staged_facts(cap: StagedCapture, strings: dict, view: Image.Image, fit: str, lang: str) -> list[tuple[str, str]]:
     firsts = [cap.layout(s[0]) for s in cap.stages]
     h, w = firsts[0].grid
     return [
         (strings["fact_input"], strings["fact_input_value"].format(size=view.width, fit=strings[f"fit_{fit}"], h=h, w=w)),
         (strings["fact_stages"], strings["fact_stages_value"].format(
-            n=len(firsts), grids=", ".join(f"{lay.grid[0]} × {lay.grid[1]}" for lay in firsts))),
+            n=len(firsts), grids=i18n.join(lang, (f"{lay.grid[0]} × {lay.grid[1]}" for lay in firsts)))),
         (strings["fact_layers"], strings["fact_layers_staged_value"].format(
-            layers=cap.num_layers, heads=", ".join(str(lay.num_heads) for lay in firsts))),
+            layers=cap.num_layers, heads=i18n.join(lang, (lay.num_heads for lay in firsts)))),
     ]
 
 
@@ -238,7 +238,7 @@ def page(
     fit = prep.fit if prep is not None and prep.fit else "none"
     facts = [(strings["fact_model"], prep.model if prep is not None else "—")]
     if staged:
-        facts += _staged_facts(cap, strings, view, fit)
+        facts += _staged_facts(cap, strings, view, fit, lang)
     else:
         facts += [
             (strings["fact_input"], strings["fact_input_value"].format(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 LANGUAGES = {"en": "English", "zh-TW": "繁體中文"}
 DEFAULT = "en"
@@ -47,3 +47,8 @@ def text(lang: str, key: str, **values: object) -> str:
     """The string ``key`` in ``lang`` with ``{name}`` placeholders filled from ``values``."""
     template = catalogue(lang)[key]
     return template.format(**values) if values else template
+
+
+def join(lang: str, items: Iterable[object]) -> str:
+    """Items listed in a sentence of ``lang``: "1, 2, 3" in English, "1、2、3" in Chinese (the enumeration comma)."""
+    return text(lang, "lists.separator").join(str(item) for item in items)

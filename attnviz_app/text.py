@@ -13,6 +13,11 @@ def t(key: str, **values: object) -> str:
     return i18n.text(st.session_state.get("lang") or i18n.DEFAULT, key, **values)
 
 
+def listed(items) -> str:
+    """Items listed in a sentence of this session's language (:func:`attnviz.i18n.join`)."""
+    return i18n.join(st.session_state.get("lang") or i18n.DEFAULT, items)
+
+
 def device_label(device: object) -> str:
     """What a student reads for a PyTorch device: "CPU", or "GPU (cuda:0)" (its name otherwise)."""
     name = str(device)

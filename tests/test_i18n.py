@@ -90,6 +90,12 @@ def test_chinese_catalogue_is_chinese_and_uses_taiwanese_terms():
     assert zh["lesson.title"] != i18n.catalogue("en")["lesson.title"]
 
 
+def test_lists_in_a_sentence_take_the_language_s_comma():
+    assert i18n.join("en", [3, 6, "12 × 12"]) == "3, 6, 12 × 12"
+    assert i18n.join("zh-TW", [3, 6, "12 × 12"]) == "3、6、12 × 12"  # 頓號
+    assert i18n.join("zh-TW", []) == ""
+
+
 def test_text_fills_placeholders():
     assert i18n.text("en", "lesson.head_n", n=3) == "head 3"
     assert i18n.text("zh-TW", "lesson.head_n", n=3) == "第 3 個頭"

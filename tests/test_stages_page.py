@@ -513,7 +513,9 @@ def test_the_dataset_page_shows_a_swin_run_on_each_layers_grid(swin_run, monkeyp
     assert at.selectbox(key="dataset_run").value == str(out)
     assert len(at.get("vega_lite_chart")) == 1
     infos = " ".join(i.value for i in at.info)
-    assert i18n.text(lang, "dataset.staged_note", heads="3, 6, 12, 24", grids="56 × 56, 28 × 28, 14 × 14, 7 × 7") in infos
+    comma = {"en": ", ", "zh-TW": "、"}[lang]  # a list in a Chinese sentence takes the enumeration comma
+    assert i18n.text(lang, "dataset.staged_note", heads=comma.join(["3", "6", "12", "24"]),
+                     grids=comma.join(["56 × 56", "28 × 28", "14 × 14", "7 × 7"])) in infos
     assert i18n.text(lang, "dataset.qk_staged") in infos
     assert at.selectbox(key="dataset_head.24").options == [str(n) for n in range(1, 25)]  # layer 12: stage 4
     if lang != "en":  # AppTest formats a translated radio's value outside the session, in English: not set again

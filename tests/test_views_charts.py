@@ -291,3 +291,16 @@ def test_show_data_opens_the_numbers_each_chart_draws(lang):
     for view, found in tables.items():  # nothing of a picture's data URL is left in any table
         assert not any(found_table.astype(str).apply(lambda c: c.str.startswith("data:image")).any().any()
                        for found_table in found[1 if view == "neuron" else 0:]), view
+
+
+def test_the_q_k_map_lists_its_top_keys_with_the_language_s_comma():
+    """The sentence under the map names the query's five top keys: "…, …" in English, "…、…" in Chinese."""
+    from attnviz import i18n
+
+    for lang, comma in (("en", "), patch ("), ("zh-TW", "）、圖塊（")):
+        at = opened("qkmap", lang)
+        words = i18n.text(lang, "qkmap.lines", query="@", top="@", n=5).split("@")[1]  # between the query and the keys
+        line = next(m.value for m in at.markdown if words in m.value)
+        assert line.count(comma) >= 3, line  # five keys, most of them patches
+        if lang == "zh-TW":
+            assert ", " not in line.split(words, 1)[1], line

@@ -28,7 +28,7 @@ with startup.importing():
     from attnviz.models import ModelError
     from attnviz.stages import StagedCapture
     from attnviz_app.settings import Settings
-    from attnviz_app.text import t
+    from attnviz_app.text import listed, t
 
 ROOT_VARIABLE = "ATTNVIZ_DATASETS"
 SAMPLE_IMAGES = 200  # per-image points sent to the browser: the chart stays light on big runs
@@ -213,8 +213,8 @@ def page() -> None:
     st.subheader(t("dataset.chosen_header"), anchor="chosen")
     if run.staged:  # the most-attended patch and the maps are on each layer's own grid
         grids = sorted(set(run.layer_grids), reverse=True)
-        st.info(t("dataset.staged_note", heads=", ".join(str(n) for n in dict.fromkeys(run.heads_per_layer)),
-                  grids=", ".join(f"{h} × {w}" for h, w in grids)), icon=":material/info:")
+        st.info(t("dataset.staged_note", heads=listed(dict.fromkeys(run.heads_per_layer)),
+                  grids=listed(f"{h} × {w}" for h, w in grids)), icon=":material/info:")
     left, middle, right = st.columns([1, 1, 3])
     state = st.session_state
     asked_layer, asked_head = (links.asked_number(name) for name in ("layer", "head"))

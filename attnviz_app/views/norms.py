@@ -14,7 +14,7 @@ from PIL import Image
 
 from attnviz import render
 from attnviz.capture import HIGH_NORM_RATIO, Capture
-from ..text import t
+from ..text import listed, t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
 from .common import colour_scale, download_chart, enlarge, patch_table, table_layer, token_label
@@ -44,7 +44,7 @@ def norm_sentence(cap: Capture, layer: int) -> str | None:
     layers = cap.high_norm_layers()
     if layers:
         return t("families.high_norm_elsewhere", layer=layer + 1, top=float(ratios.max()), ratio=HIGH_NORM_RATIO,
-                 layers=", ".join(str(i + 1) for i in layers))
+                 layers=listed(i + 1 for i in layers))
     tops = [float(cap.norm_ratio(i).max()) for i in range(cap.num_layers)]
     worst = int(np.argmax(tops))
     return t("families.high_norm_none", ratio=HIGH_NORM_RATIO, top=tops[worst], layer=worst + 1)
@@ -106,7 +106,7 @@ def show(ctx: Context) -> None:
         p = cap.num_prefix_tokens
         if p:
             median = float(cap.token_norms[layer, p:].median())
-            values = ", ".join(
+            values = listed(
                 f"{token_label(i, p, cap.grid, short=True)} {float(cap.token_norms[layer, i]) / median:.2f}×" for i in range(p)
             )
             st.caption(t("families.norms_prefix", layer=layer + 1, values=values))

@@ -8,7 +8,7 @@ import streamlit as st
 
 from attnviz import qkmap
 from .. import heavy
-from ..text import t
+from ..text import listed, t
 
 from .base import HEAD, LAYER, Context, Linked, View, one_of, register
 from .common import CANVAS, SVG, data_url, download_chart, selected_points, table_layer, token_label
@@ -235,7 +235,7 @@ def show(ctx: Context) -> None:
     download_chart(configured(points_plot(qk, values, query, colour_title, SCATTER_PX, False)),
                    f"qk_map_layer{ctx.layer + 1}_head{head + 1}_{method}", key="qk_map_download")
     st.markdown(measured_sentence(stats, ctx.layer, head))
-    top = ", ".join(token_label(int(k), cap.num_prefix_tokens, cap.grid) for k in qk.top_keys(0, query, TOP))
+    top = listed(token_label(int(k), cap.num_prefix_tokens, cap.grid) for k in qk.top_keys(0, query, TOP))
     st.markdown(t("qkmap.lines", query=token_label(query, cap.num_prefix_tokens, cap.grid), top=top, n=TOP))
     st.button(t("qkmap.open_query"), key="qk_open_query", on_click=_open_query_view, icon=":material/ads_click:")
     if normalize == "attentionviz":

@@ -13,7 +13,7 @@ from attnviz import render
 from attnviz.softmax import HEAD_FUSIONS
 
 from .. import links
-from ..text import t
+from ..text import listed, t
 from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
                      head_part, mark_patch, patch_table, selected_points)
 from .base import Context, patch_named
@@ -51,18 +51,18 @@ def _size(grid: tuple[int, int]) -> str:
 def intro(model, cap) -> str:
     """What this model's stages are, in a few measured facts: grids, windows, pooled keys, class attention."""
     stages, layouts = cap.stages, cap.layouts
-    grids = ", ".join(_size(cap.grid(s[0])) for s in stages)
+    grids = listed(_size(cap.grid(s[0])) for s in stages)
     text = [t("stages.intro" if len(stages) > 1 else "stages.intro_one", model=model.public_name,
               stages=len(stages), grids=grids)]
     windowed = [lay for lay in layouts if lay.num_windows > 1]
     if windowed:
-        text.append(t("stages.intro_windows", windows=", ".join(sorted({_size(lay.window) for lay in windowed}))))
+        text.append(t("stages.intro_windows", windows=listed(sorted({_size(lay.window) for lay in windowed}))))
         if any(any(lay.shift) for lay in windowed):
             text.append(t("stages.intro_shifted"))
     pooled = [lay for lay in layouts if lay.keys_grid != lay.grid]
     if pooled:
         text.append(t("stages.intro_pooled", n=len(pooled), total=len(layouts),
-                      grids=", ".join(sorted({_size(lay.keys_grid) for lay in pooled}))))
+                      grids=listed(sorted({_size(lay.keys_grid) for lay in pooled}))))
     classy = sum(lay.class_row for lay in layouts)
     if classy:
         text.append(t("stages.intro_class", n=classy, total=len(layouts)))
