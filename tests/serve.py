@@ -42,20 +42,24 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def streamlit_server(
-    port: int | None = None, env: dict | None = None, timeout: float = 120, launcher: list[str] | None = None
+    port: int | None = None, env: dict | None = None, timeout: float = 120, launcher: list[str] | None = None,
+    cwd: Path = ROOT, whole_env: bool = False, log_path: Path | None = None,
 ):
     """Run ``streamlit run app.py`` (a checkout's way) on 127.0.0.1; yield (url, process).
 
     ``launcher`` replaces ``python -m streamlit run app.py``, e.g. ``ATTNVIZ_APP`` (``attnviz app``, the
-    installed way); it is given the server options.
+    installed way); it is given the server options. ``env`` adds to this process's environment, or with
+    ``whole_env`` is the server's whole environment (a fresh venv's: nothing of this one leaks in). ``log_path``
+    keeps the server's output, and its end is in the error when the server does not start.
     """
     port = port or free_port()
-    log = open(os.devnull, "w")
+    log = open(log_path or os.devnull, "w")
     launcher = launcher or [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py")]
     proc = subprocess.Popen(
         [*launcher, "--server.port", str(port),
          "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+        cwd=cwd, env=dict(env or {}) if whole_env else {**os.environ, **(env or {})}, stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -68,7 +72,8 @@ def streamlit_server(
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the Streamlit server did not start")
+                said = f":\n{log_path.read_text()[-3000:]}" if log_path else ""
+                raise RuntimeError(f"the Streamlit server did not start (exit status {proc.poll()}){said}")
             time.sleep(0.3)
         yield url, proc
     finally:

@@ -20,8 +20,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from serve import chromium, free_port, require_chromium
+from serve import chromium, require_chromium, streamlit_server
 
 SHOTS = ROOT / "screenshots"
 HEATMAP = ".st-key-result [data-testid='stImage'] img"
@@ -180,53 +178,28 @@ def test_installed_library_captures_offline_from_an_empty_folder(installed, real
 @pytest.mark.browser
 def test_attnviz_app_serves_a_heatmap_from_an_empty_folder(installed):
     require_chromium()
-    port = free_port()
     log_path = installed.tmp / "app.log"
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [installed.venv / "bin" / "attnviz", "app", "--server.port", str(port), "--server.address", "127.0.0.1",
-             "--server.headless", "true"],
-            cwd=installed.empty, env=installed.env, stdout=log, stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"attnviz app exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"attnviz app did not answer:\n{log_path.read_text()[-3000:]}"
-            time.sleep(0.3)
-        with chromium() as browser:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            heatmap = page.locator(HEATMAP).first
-            heatmap.wait_for(state="visible", timeout=120_000)
-            page.wait_for_function("s => { const i = document.querySelector(s); return i && i.complete; }",
-                                   arg=HEATMAP, timeout=60_000)
-            page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=60_000)
-            assert heatmap.is_visible()
-            assert heatmap.evaluate("i => i.naturalWidth") > 0
-            box = heatmap.bounding_box()  # on the first screen: inside the viewport, not below it
-            assert box and box["y"] < 1000 and box["y"] + box["height"] > 0 and box["width"] > 100, box
-            SHOTS.mkdir(exist_ok=True)
-            page.screenshot(path=SHOTS / "wheel_app.png", full_page=True)
-            assert page.locator("[data-testid='stException']").count() == 0
-            assert page.locator("[data-testid='stAlertContentError']").count() == 0
-            text = page.locator("body").inner_text()
-            for bad in ("Traceback", "Error:", "ModuleNotFoundError", "FileNotFoundError"):
-                assert bad not in text, f"the page shows {bad!r}:\n{text[:2000]}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with streamlit_server(launcher=[str(installed.venv / "bin" / "attnviz"), "app"], cwd=installed.empty,
+                          env=installed.env, whole_env=True, timeout=240, log_path=log_path) as (url, _), \
+            chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        heatmap = page.locator(HEATMAP).first
+        heatmap.wait_for(state="visible", timeout=120_000)
+        page.wait_for_function("s => { const i = document.querySelector(s); return i && i.complete; }",
+                               arg=HEATMAP, timeout=60_000)
+        page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=60_000)
+        assert heatmap.is_visible()
+        assert heatmap.evaluate("i => i.naturalWidth") > 0
+        box = heatmap.bounding_box()  # on the first screen: inside the viewport, not below it
+        assert box and box["y"] < 1000 and box["y"] + box["height"] > 0 and box["width"] > 100, box
+        SHOTS.mkdir(exist_ok=True)
+        page.screenshot(path=SHOTS / "wheel_app.png", full_page=True)
+        assert page.locator("[data-testid='stException']").count() == 0
+        assert page.locator("[data-testid='stAlertContentError']").count() == 0
+        text = page.locator("body").inner_text()
+        for bad in ("Traceback", "Error:", "ModuleNotFoundError", "FileNotFoundError"):
+            assert bad not in text, f"the page shows {bad!r}:\n{text[:2000]}"
     log = log_path.read_text()
     assert "Traceback" not in log, log[-3000:]
     assert not any(installed.empty.iterdir()), sorted(p.name for p in installed.empty.iterdir())  # wrote nothing in cwd
