@@ -46,6 +46,12 @@ LESSON_LAYER, LESSON_HEAD, LESSON_STEP = "lesson_layer", "lesson_head", "lesson_
 LESSON_NAMES = ("key", "dk", "divisor", "rank", "remove", "upto")
 
 
+def memory_of(key: str) -> str:
+    """The language-free key under which a lesson box of key ``key`` keeps its choice (the box's own key carries the
+    language: screens/lesson.py, remembered_choice), and where a link's value for it goes."""
+    return f"{key}.choice"
+
+
 def restore() -> None:
     """Once per session, before any widget is drawn: the choices the address names, where the page offers them.
     Layer and head are checked against the model on the Explore page, which falls back to its defaults."""
@@ -65,10 +71,10 @@ def restore() -> None:
     if head in HEAD_FUSIONS or (head.isdecimal() and 1 <= int(head) <= 999):
         st.session_state["head"] = head if head in HEAD_FUSIONS else int(head)
         if head.isdecimal():  # the lesson's Head box counts from 0 and has no mean, max or min
-            st.session_state[f"{LESSON_HEAD}.choice"] = int(head) - 1
+            st.session_state[memory_of(LESSON_HEAD)] = int(head) - 1
     step = asked.get("step", "")
     if step.isdecimal() and 1 <= int(step) <= 99:  # the lesson checks it against its steps
-        st.session_state[f"{LESSON_STEP}.choice"] = int(step) - 1
+        st.session_state[memory_of(LESSON_STEP)] = int(step) - 1
     model = asked.get("model", "")
     if 0 < len(model) <= 300:  # the Model box keeps it only where the server offers it
         st.session_state["model_choice"] = model

@@ -43,7 +43,7 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
     widget would keep the old ones and can come back empty); the choice itself is remembered under a
     language-free key and becomes the new widget's starting value.
     """
-    memory = f"{key}.choice"
+    memory = links.memory_of(key)
     previous = st.session_state.get(memory)
     index = options.index(previous) if previous in options else 0
     lang = st.session_state.get("lang", "en")
@@ -54,13 +54,14 @@ def remembered_choice(widget, label: str, options: list, key: str, format_func, 
     return value
 
 
-STEP_MEMORY = f"{links.LESSON_STEP}.choice"  # the step shown, as a number: it outlives the tabs' translated labels
+STEP_MEMORY = links.memory_of(links.LESSON_STEP)  # the step shown, as a number: it outlives the tabs' translated labels
 D_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # the scaling step's d_k choices
 FIRST_D_K, FIRST_DIVISOR = 64, 1.0
-PAIR_KIND = "pair_kind.choice"  # the pair step's query kind (remembered_choice's memory)
+PAIR_BOX = "pair_kind"
+PAIR_KIND = links.memory_of(PAIR_BOX)  # the pair step's query kind
 # the last step's choices: Rank patches by (remembered_choice's memory), Remove a patch by (likewise), Remove up to
 RANK_BOX, REMOVE_BOX, UP_TO = "perturb_head", "perturb_fill", "perturb_max"
-RANK, REMOVE = f"{RANK_BOX}.choice", f"{REMOVE_BOX}.choice"
+RANK, REMOVE = links.memory_of(RANK_BOX), links.memory_of(REMOVE_BOX)
 UP_TOS, FIRST_UP_TO = range(10, 91, 10), 50
 
 
@@ -341,7 +342,7 @@ def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: i
     st.markdown(t("lesson.pair.intro"))
     controls = st.columns(3)
     kind = remembered_choice(
-        controls[0].radio, t("lesson.pair.query"), ["cls", "patch"], horizontal=True, key="pair_kind",
+        controls[0].radio, t("lesson.pair.query"), ["cls", "patch"], horizontal=True, key=PAIR_BOX,
         format_func=lambda k: t("lesson.cls_token") if k == "cls" else t("lesson.pair.a_patch"),
     )
     q_row = q_col = None
