@@ -105,8 +105,14 @@ def test_phone_upload_views_and_lesson(app_in_chromium):
         got = page.evaluate(MEASURE)
         assert got["page"] == got["vw"] and got["main"] <= got["vw"], (f"lesson tab {i + 1}", got)
         boxes = page.locator("[role='tabpanel']:not([hidden]) img").evaluate_all(
-            "imgs => imgs.map(i => i.getBoundingClientRect()).map(r => [r.left, r.right])")
-        assert all(left >= 0 and right <= got["vw"] + 0.5 for left, right in boxes), (i, boxes)
+            "imgs => imgs.map(i => i.getBoundingClientRect()).map(r => [r.left, r.right, r.height])")
+        assert all(left >= 0 and right <= got["vw"] + 0.5 for left, right, _ in boxes), (i, boxes)
+        assert all(height <= got["vh"] for _, _, height in boxes), (i, boxes)  # the tall Q matrix was 1100 px
+        # every formula whole in the column: a long one used to scroll sideways, its right part out of sight
+        # (KaTeX's own display is 2 px wider than its content)
+        wide = page.locator("[role='tabpanel']:not([hidden]) .katex-display").evaluate_all(
+            "ks => ks.filter(k => k.scrollWidth > k.clientWidth + 4).map(k => [k.scrollWidth, k.clientWidth])")
+        assert not wide, (f"lesson tab {i + 1}", wide)
         shot(page, f"phone_lesson{i + 1}_en")
     page.close()
 

@@ -36,6 +36,19 @@ def matrix_picture(matrix: np.ndarray, cell: int) -> Image.Image:
     return picture.resize((picture.width * cell, picture.height * cell), Image.Resampling.NEAREST)
 
 
+def formula(*lines: str, joiner: str = " ", aligned: bool = True) -> str:
+    """A displayed formula of several parts: on one line on a wide screen (``joiner`` between the parts), one part a
+    line on a phone, whose 358 px column cut the long ones off at the right (they scrolled sideways, which nothing on
+    the page said); there the parts are aligned at their ``&``, or centred (``aligned=False``). A newline in a part
+    breaks it there on a phone too."""
+    if not classroom.narrow():
+        return joiner.join(line.replace("&", "").replace("\n", "") for line in lines)
+    if aligned:
+        return r"\begin{aligned}" + r" \\ ".join(line.replace("\n", r" \\ &") for line in lines) + r"\end{aligned}"
+    return r"\begin{gathered}" + r" \\ ".join(line.replace("&", "").replace("\n", r" \\ ") for line in lines) \
+        + r"\end{gathered}"
+
+
 def remembered_choice(widget, label: str, options: list, key: str, format_func, **kwargs):
     """A radio / selectbox whose translated labels survive a language switch.
 
@@ -213,10 +226,9 @@ def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
     s = lesson.shapes(model)
     h, w = s.grid
     st.markdown(t("lesson.qkv.intro"))
-    st.latex(
-        rf"\underbrace{{Q}}_{{{s.tokens}\times{s.head_dim}}} = \underbrace{{X}}_{{{s.tokens}\times{s.embed_dim}}}"
-        rf"\,\underbrace{{W_Q}}_{{{s.embed_dim}\times{s.head_dim}}},\quad K = X W_K,\quad V = X W_V"
-    )
+    st.latex(formula(
+        rf"\underbrace{{Q}}_{{{s.tokens}\times{s.head_dim}}} &= \underbrace{{X}}_{{{s.tokens}\times{s.embed_dim}}}"
+        rf"\,\underbrace{{W_Q}}_{{{s.embed_dim}\times{s.head_dim}}}", r"K &= X W_K", r"V &= X W_V", joiner=r",\quad "))
     st.markdown(t(
         "lesson.qkv.numbers", n=s.tokens, prefix=s.prefix_tokens, h=h, w=w, d=s.embed_dim, heads=s.heads,
         dk=s.head_dim, layers=s.layers, rows=s.qkv_weight[0], cols=s.qkv_weight[1], patch=s.patch,
@@ -226,7 +238,9 @@ def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
     weights = cap.weights(layer, head)  # (N, N)
     cell = max(1, 200 // s.tokens)
     left, mid, right = st.columns([1, 2, 2])
-    left.image(matrix_picture(q, cell), caption=t("lesson.qkv.q_picture", n=s.tokens, dk=s.head_dim))
+    # Q is tall (N × d_k): at a phone's full width it was 1100 px of scrolling; two pixels a number across
+    left.image(matrix_picture(q, cell), caption=t("lesson.qkv.q_picture", n=s.tokens, dk=s.head_dim),
+               width=min(2 * s.head_dim * cell, 160))
     mid.image(matrix_picture(k.T, cell), caption=t("lesson.qkv.k_picture", n=s.tokens, dk=s.head_dim))
     right.image(matrix_picture(weights, cell), caption=t("lesson.qkv.a_picture", n=s.tokens))
     st.markdown(t("lesson.qkv.table", layer=layer + 1, head=head + 1))
@@ -290,7 +304,7 @@ def step_by_hand() -> None:
     st.latex(rf"e^{{q\cdot k_j/\sqrt{{2}}}} = {vector(ex.exps)},\qquad \Sigma = {num(ex.exp_sum)}")
     st.latex(rf"w_j = \frac{{e^{{q\cdot k_j/\sqrt{{2}}}}}}{{\Sigma}} = {vector(ex.weights)}")
     terms = " + ".join(f"{ex.weights[j]:.2f}\\,{short(ex.values[j])}" for j in range(3))
-    st.latex(rf"o = \sum_j w_j\, v_j = {terms} = {vector(ex.output)}")
+    st.latex(formula(r"o &= \sum_j w_j\, v_j", rf"&= {terms}", rf"&= {vector(ex.output)}"))
     st.success(t("lesson.hand.output", output=vector(ex.output)))
 
 
@@ -310,8 +324,8 @@ def step_scale() -> None:
     weights = lesson.softmax(scores, 1 / divisor)
     left, right = st.columns([2, 3])
     left.altair_chart(bars(weights, labels, t("lesson.hand.weight")), width="stretch")
-    right.latex(rf"\text{{softmax}}\left(\frac{{[20, 10, 0]}}{{{divisor:g}}}\right) = "
-                + "[" + ", ".join(plain(v) for v in weights) + "]")
+    right.latex(formula(rf"&\text{{softmax}}\left(\frac{{[20, 10, 0]}}{{{divisor:g}}}\right)",
+                        "&= [" + ", ".join(plain(v) for v in weights) + "]"))
     right.markdown(t("lesson.scale.slider_note"))
 
     st.subheader(t("lesson.scale.experiment"))
@@ -389,10 +403,10 @@ def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
             cls_map = cap.summary_map(layer, head)
             col.image(render.enlarge(render.overlay(view, cls_map, alpha=0.7, cmap=CMAP), 224),
                       caption=t("lesson.heads.caption", n=head + 1, top=float(cls_map.max())))
-    st.latex(
-        r"\text{head}_i = \text{softmax}\!\left(\frac{Q_i K_i^\top}{\sqrt{d_k}}\right) V_i,\qquad"
-        r"\text{MultiHead}(X) = \text{Concat}(\text{head}_1,\dots,\text{head}_{" + str(s_heads) + r"})\, W_O"
-    )
+    st.latex(formula(
+        r"\text{head}_i &= \text{softmax}\!\left(\frac{Q_i K_i^\top}{\sqrt{d_k}}\right) V_i",
+        r"\text{MultiHead}(X) &=" "\n" r"\text{Concat}(\text{head}_1,\dots,\text{head}_{" + str(s_heads) + r"})\, W_O",
+        joiner=r",\qquad ", aligned=False))
     st.markdown(t("lesson.heads.concat", heads=s_heads, dk=d_k, d=s_heads * d_k, n=cap.num_tokens))
 
 
