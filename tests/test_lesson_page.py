@@ -1,12 +1,15 @@
 """The lesson page runs in both languages and shows the worked example's numbers."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from attnviz import i18n
 
 from conftest import APP
+from test_views_charts import untitled_tooltips
 
 
 
@@ -78,6 +81,8 @@ def test_perturbation_test_runs_and_gives_a_verdict(pages: dict[str, AppTest]):
               for v in ("more", "same", "less")}
     assert any(i.value[:40] in starts for i in page.info)
     assert len(page.get("vega_lite_chart")) == charts_before + 1  # the output-change plot
+    for chart in page.get("vega_lite_chart"):  # every chart of the lesson: its tooltips say what they show
+        assert untitled_tooltips(json.loads(chart.proto.spec)) == [], chart.proto.spec[:300]
 
 
 @pytest.mark.browser

@@ -304,3 +304,37 @@ def test_the_q_k_map_lists_its_top_keys_with_the_language_s_comma():
         assert line.count(comma) >= 3, line  # five keys, most of them patches
         if lang == "zh-TW":
             assert ", " not in line.split(words, 1)[1], line
+
+
+def untitled_tooltips(spec) -> list[str]:
+    """The fields of a Vega-Lite spec's tooltips that have no title of their own: a tooltip (and the description a
+    screen reader hears, which Vega-Lite builds from the same titles) then shows the code's column name, in English
+    on a Chinese page ("distance", "series", "ratio")."""
+    found = []
+    if isinstance(spec, dict):
+        tips = spec.get("encoding", {}).get("tooltip", [])
+        for tip in tips if isinstance(tips, list) else [tips]:
+            if isinstance(tip, dict) and "field" in tip and "title" not in tip:
+                found.append(tip["field"])
+        for value in spec.values():
+            found += untitled_tooltips(value)
+    elif isinstance(spec, list):
+        for value in spec:
+            found += untitled_tooltips(value)
+    return found
+
+
+def test_every_tooltip_says_what_it_shows_in_the_page_s_language():
+    """Each value a chart's tooltip shows has its own title, in the page's language."""
+    import json
+
+    from attnviz import i18n
+
+    for view in HEADERS["zh-TW"]:
+        at = opened(view, "zh-TW")
+        for chart in at.get("vega_lite_chart"):
+            spec = json.loads(chart.proto.spec)
+            assert untitled_tooltips(spec) == [], view
+    stats = json.loads(opened("stats", "zh-TW").get("vega_lite_chart")[0].proto.spec)
+    assert i18n.text("zh-TW", "analysis.stats.distance_axis") in json.dumps(stats["layer"][1]["encoding"]["tooltip"],
+                                                                            ensure_ascii=False)

@@ -437,7 +437,8 @@ def step_cost(model: Model) -> None:
     memory = alt.Chart(squares).mark_bar().encode(
         x=alt.X("size:N", sort=None, title=t("lesson.cost.size"), axis=alt.Axis(labelAngle=0)),
         y=alt.Y("mb:Q", title=t("lesson.cost.maps")),
-        tooltip=["size", "N", alt.Tooltip("mb:Q", format=",.1f")],
+        tooltip=[alt.Tooltip("size:N", title=t("lesson.cost.size")), alt.Tooltip("N:Q", title="N"),
+                 alt.Tooltip("mb:Q", format=",.1f", title=t("lesson.cost.maps"))],
     ).properties(height=320)
     right.altair_chart(memory, width="stretch")
     by_size = {r.size: r for r in rows}
@@ -490,7 +491,9 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
             x=alt.X("removed:Q", title=t("lesson.explain.removed_axis")),
             y=alt.Y("change:Q", title=t("lesson.explain.change_axis")),
             color=alt.Color("order:N", scale=colours, title=None, legend=alt.Legend(orient="top", labelLimit=500)),
-            tooltip=["order", alt.Tooltip("removed:Q", format=".0f"), alt.Tooltip("change:Q", format=".4f")],
+            tooltip=[alt.Tooltip("order:N", title=t("lesson.explain.order")),
+                     alt.Tooltip("removed:Q", format=".0f", title=t("lesson.explain.removed_axis")),
+                     alt.Tooltip("change:Q", format=".4f", title=t("lesson.explain.change_axis"))],
         )
     ).properties(height=340)
     left, right = st.columns([3, 2], gap="large")

@@ -52,7 +52,7 @@ def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, s
         y=alt.Y("layer:O", title=t("ablation_page.layer")),
         color=alt.Color("value:Q", scale=alt.Scale(scheme=scheme), legend=alt.Legend(orient="bottom", title=None)),
         strokeWidth=alt.condition("datum.off", alt.value(3), alt.value(0.5)),
-        tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("head:O"),
+        tooltip=[alt.Tooltip("layer:O", title=t("ablation_page.layer")), alt.Tooltip("head:O", title=t("ablation_page.head")),
                  alt.Tooltip("value:Q", format=".4f", title=title)],
     )
     marks = alt.Chart(cells[cells["off"]]).mark_text(text="✕", fontSize=14, color="white").encode(

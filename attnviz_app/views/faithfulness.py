@@ -99,7 +99,9 @@ def curves_chart(result: fa.Faithfulness, narrow: bool = False) -> alt.Chart:
             color=alt.Color("map:N", title=None, sort=names, scale=alt.Scale(scheme="tableau20"),
                             legend=alt.Legend(orient="bottom", columns=1 if narrow else 3, labelLimit=300)),
             opacity=alt.condition(pick, alt.value(0.95), alt.value(0.12)),
-            tooltip=["map", alt.Tooltip("percent:Q", format=".0f"), alt.Tooltip("value:Q", format=".4f")],
+            tooltip=[alt.Tooltip("map:N", title=t("faith_page.map")),
+                     alt.Tooltip("percent:Q", format=".0f", title=t("faith_page.percent_axis")),
+                     alt.Tooltip("value:Q", format=".4f", title=y_title)],
         )
         if not panels:
             maps = maps.add_params(pick)

@@ -75,7 +75,9 @@ def show(ctx: Context) -> None:
         x=x, y=alt.Y("ratio:Q", title=t("families.norms_ratio_axis")),
         color=alt.Color("series:N", title=None, legend=alt.Legend(orient="top"),
                         sort=[t("families.norms_max"), t("families.norms_p99")]),
-        tooltip=[alt.Tooltip("layer:Q"), alt.Tooltip("series:N"), alt.Tooltip("ratio:Q", format=".2f")],
+        tooltip=[alt.Tooltip("layer:Q", title=t("families.norms_layer_axis")),
+                 alt.Tooltip("series:N", title=t("families.norms_curve")),
+                 alt.Tooltip("ratio:Q", format=".2f", title=t("families.norms_ratio_axis"))],
     )
     rule = pd.DataFrame([{"y": HIGH_NORM_RATIO, "label": t("families.norms_threshold", ratio=HIGH_NORM_RATIO)}])
     threshold = alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(y="y:Q")

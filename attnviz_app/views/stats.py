@@ -36,7 +36,7 @@ def panel(
     dots = alt.Chart(data).mark_circle(size=70, opacity=0.85).encode(
         x=x, y=y, color=alt.Color("head:N", title=t("analysis.stats.head_legend"), scale=alt.Scale(scheme="tableau10")),
         tooltip=[alt.Tooltip("layer:Q", title=t("analysis.stats.layer_axis")),
-                 alt.Tooltip("head:N", title=t("analysis.stats.head_legend")), alt.Tooltip(f"{field}:Q", format=".2f")],
+                 alt.Tooltip("head:N", title=t("analysis.stats.head_legend")), alt.Tooltip(f"{field}:Q", format=".2f", title=axis_title)],
     )
     mean = alt.Chart(data).mark_line(color="black", strokeWidth=2).encode(x=x, y=f"mean({field}):Q")
     shown = data[["layer", "head", field]].set_axis(
