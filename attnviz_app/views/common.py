@@ -186,7 +186,6 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
     plain photo) has no "Show data" (BASE_CSS hides it in a ``picture_only`` container).
     """
     import altair as alt
-    import pandas as pd
 
     h, w = grid
     # the browser scales the picture; the cells stay exact
