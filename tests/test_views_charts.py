@@ -335,6 +335,8 @@ def test_every_tooltip_says_what_it_shows_in_the_page_s_language():
         for chart in at.get("vega_lite_chart"):
             spec = json.loads(chart.proto.spec)
             assert untitled_tooltips(spec) == [], view
+    query = json.dumps(json.loads(opened("query", "zh-TW").get("vega_lite_chart")[0].proto.spec), ensure_ascii=False)
+    assert '"title": "注意力權重"' in query  # a map's cell tells its weight on hover
     stats = json.loads(opened("stats", "zh-TW").get("vega_lite_chart")[0].proto.spec)
     assert i18n.text("zh-TW", "analysis.stats.distance_axis") in json.dumps(stats["layer"][1]["encoding"]["tooltip"],
                                                                             ensure_ascii=False)

@@ -182,8 +182,9 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
 
     The selection ``patch`` holds ``{"row": r, "col": c}`` (0-based); ``on_select`` runs as the callback. ``name``:
     what a screen reader says for the picture (the heading above it); each cell is named by its patch. ``table``:
-    the numbers the picture shows (:func:`patch_table`), which "Show data" opens; a picture without numbers (the
-    plain photo) has no "Show data" (BASE_CSS hides it in a ``picture_only`` container).
+    the numbers the picture shows (:func:`patch_table`), which "Show data" opens; at the picture's grid, each cell's
+    tooltip and spoken name say its value too. A picture without numbers (the plain photo) has no "Show data"
+    (BASE_CSS hides it in a ``picture_only`` container).
     """
     import altair as alt
 
@@ -192,6 +193,12 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
     side = min(picture.width, NARROW_CHART_PX if narrow else CHART_PX)  # a narrower column scales it (BASE_CSS)
     cells = pd.DataFrame([(r, c, r + 1, c + 1, t("analysis.patch", row=r + 1, col=c + 1))
                           for r in range(h) for c in range(w)], columns=["row", "col", "r1", "c1", "label"])
+    tooltip = [alt.Tooltip("r1:Q", title=t("analysis.row")), alt.Tooltip("c1:Q", title=t("analysis.column"))]
+    if table is not None and len(table) == h * w:  # a value per cell (a pooled Swin stage's is at another grid)
+        value_name = str(table.columns[-1])
+        cells["value"] = table.iloc[:, -1].to_numpy()
+        cells["label"] = [f"{label}: {value_name} {value:.4f}" for label, value in zip(cells["label"], cells["value"])]
+        tooltip.append(alt.Tooltip("value:Q", format=".4f", title=value_name))
     x = alt.X("col:Q", scale=alt.Scale(domain=[0, w], nice=False, zero=False), axis=None)
     y = alt.Y("row:Q", scale=alt.Scale(domain=[h, 0], nice=False, zero=False), axis=None)
     pick = alt.selection_point(name="patch", fields=["row", "col"], on="click", clear=False)
@@ -203,7 +210,7 @@ def clickable_picture(picture: Image.Image, grid: tuple[int, int], key: str, on_
     grid_layer = alt.Chart(cells).mark_rect(fill="white", fillOpacity=0.01, stroke="white", strokeWidth=2).encode(
         x=x, x2="c1:Q", y=y, y2="r1:Q", description="label:N",  # a screen reader's name for the cell
         strokeOpacity=alt.condition(hover, alt.value(0.9), alt.value(0.0), empty=False),
-        tooltip=[alt.Tooltip("r1:Q", title=t("analysis.row")), alt.Tooltip("c1:Q", title=t("analysis.column"))],
+        tooltip=tooltip,
     ).add_params(pick, hover)
     layers = [photo, grid_layer] if table is None else [table_layer(table), photo, grid_layer]
     chart = alt.layer(*layers).properties(width=side, height=side, usermeta=SVG).configure_view(strokeWidth=0)
