@@ -113,6 +113,9 @@ def test_phone_upload_views_and_lesson(app_in_chromium):
         wide = page.locator("[role='tabpanel']:not([hidden]) .katex-display").evaluate_all(
             "ks => ks.filter(k => k.scrollWidth > k.clientWidth + 4).map(k => [k.scrollWidth, k.clientWidth])")
         assert not wide, (f"lesson tab {i + 1}", wide)
+        cut = page.locator("[role='tabpanel']:not([hidden]) table").evaluate_all(  # the worked example's weights were
+            "ts => ts.map(t => t.getBoundingClientRect().right).filter(r => r > window.innerWidth + 1)")  # out of sight
+        assert not cut, (f"lesson tab {i + 1}", cut)
         shot(page, f"phone_lesson{i + 1}_en")
     page.close()
 

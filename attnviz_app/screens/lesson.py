@@ -49,6 +49,16 @@ def formula(*lines: str, joiner: str = " ", aligned: bool = True) -> str:
         + r"\end{gathered}"
 
 
+def markdown_table(header: list[str], rows: list[list[str]], transposed: bool = False) -> str:
+    """A Markdown table. ``transposed`` (a phone): a row per column, a column per row, so that the worked example's
+    seven quantities of three keys fit a 358 px column (its weights, the result, were cut off at the right)."""
+    if transposed:
+        header, rows = [header[0], *(row[0] for row in rows)], [[name, *(row[i] for row in rows)]
+                                                                for i, name in enumerate(header) if i]
+    line = lambda cells: " ".join(f"| {' | '.join(cells)} |".split())  # noqa: E731  (an empty cell is "| |")
+    return "\n".join([line(header), "|" + "---|" * len(header), *(line(row) for row in rows)])
+
+
 def remembered_choice(widget, label: str, options: list, key: str, format_func, **kwargs):
     """A radio / selectbox whose translated labels survive a language switch.
 
@@ -280,18 +290,12 @@ def step_by_hand() -> None:
     ex = lesson.worked_example(q, keys, values)
 
     sub = "₁₂₃"
-    table = [
-        f"| {t('lesson.hand.token')} | k | v | q·k | q·k / √2 | e^(q·k / √2) | {t('lesson.hand.weight')} |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for j in range(3):
-        table.append(
-            f"| {j + 1} | {short(ex.keys[j])} | {short(ex.values[j])} | {ex.scores[j]:.2f} | {ex.scaled[j]:.3f} "
-            f"| {num(ex.exps[j])} | {ex.weights[j]:.2f} |"
-        )
-    table.append(f"| Σ | | | | | {num(ex.exp_sum)} | {ex.weights.sum():.2f} |")
+    header = [t("lesson.hand.token"), "k", "v", "q·k", "q·k / √2", "e^(q·k / √2)", t("lesson.hand.weight")]
+    rows = [[f"{j + 1}", short(ex.keys[j]), short(ex.values[j]), f"{ex.scores[j]:.2f}", f"{ex.scaled[j]:.3f}",
+             num(ex.exps[j]), f"{ex.weights[j]:.2f}"] for j in range(3)]
+    rows.append(["Σ", "", "", "", "", num(ex.exp_sum), f"{ex.weights.sum():.2f}"])
     left, right = st.columns([3, 2], gap="large")
-    left.markdown("\n".join(table))
+    left.markdown(markdown_table(header, rows, transposed=classroom.narrow()))
     right.altair_chart(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight")), width="stretch")
     right.caption(t("lesson.hand.chart_caption"))
 
