@@ -20,7 +20,7 @@ with startup.importing():
     import pandas as pd
 
     from attnviz_app import classroom, links, ui
-    from attnviz_app.views.common import download_chart, table_layer
+    from attnviz_app.views.common import download_chart, table_layer, tooltip_table
     from attnviz import dataset, i18n, render, runfiles
     from attnviz.adapters import family_of_name
     from attnviz.errors import RunFileError
@@ -65,12 +65,12 @@ def scatter(summary: pd.DataFrame, per_image: pd.DataFrame) -> alt.LayerChart:
               scale=alt.Scale(domain=[0, float(both["entropy"].max()) * 1.05], nice=False))
     layer_colour = alt.Color("layer:Q", title=t("dataset.layer"), scale=alt.Scale(scheme="viridis"),
                              legend=alt.Legend(format="d", tickMinStep=1))
+    tooltip = [alt.Tooltip("layer:O", title=t("dataset.layer")), alt.Tooltip("head:O", title=t("dataset.head")),
+               alt.Tooltip("distance_px:Q", format=".1f", title=t("dataset.distance_axis")),
+               alt.Tooltip("entropy:Q", format=".2f", title=t("dataset.entropy_axis")),
+               alt.Tooltip("images:Q", title=t("dataset.images"))]
     heads = alt.Chart(summary).mark_circle(size=110, opacity=0.9, stroke="black", strokeWidth=0.5).encode(
-        x=x, y=y, color=layer_colour,
-        tooltip=[alt.Tooltip("layer:O", title=t("dataset.layer")), alt.Tooltip("head:O", title=t("dataset.head")),
-                 alt.Tooltip("distance_px:Q", format=".1f", title=t("dataset.distance_axis")),
-                 alt.Tooltip("entropy:Q", format=".2f", title=t("dataset.entropy_axis")),
-                 alt.Tooltip("images:Q", title=t("dataset.images"))],
+        x=x, y=y, color=layer_colour, tooltip=tooltip,
     ).add_params(hover)
     photos = alt.Chart(per_image).mark_circle(size=45, opacity=0.8, color="#d62728").encode(
         x=x, y=y,
@@ -78,10 +78,7 @@ def scatter(summary: pd.DataFrame, per_image: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("distance_px:Q", format=".1f", title=t("dataset.distance_axis")),
                  alt.Tooltip("entropy:Q", format=".2f", title=t("dataset.entropy_axis"))],
     ).transform_filter(hover)
-    shown = summary[["layer", "head", "distance_px", "entropy", "images"]].set_axis(
-        [t("dataset.layer"), t("dataset.head"), t("dataset.distance_axis"), t("dataset.entropy_axis"),
-         t("dataset.images")], axis=1)
-    return alt.layer(table_layer(shown), photos, heads).properties(height=420)
+    return alt.layer(table_layer(tooltip_table(summary, tooltip)), photos, heads).properties(height=420)
 
 
 def lang() -> str:

@@ -12,7 +12,7 @@ from .. import heavy
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import download_chart, enlarge, table_layer
+from .common import download_chart, enlarge, table_layer, tooltip_table
 
 KIND = "ablation"
 OFF = "ablation_off"  # the heads switched off in this session: sorted list of "layer-head" (0-based)
@@ -47,20 +47,20 @@ def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, s
     layers, heads = values.shape
     cells = pd.DataFrame([{"layer": l + 1, "head": h + 1, "value": float(values[l, h]),
                            "off": head_key(l, h) in off} for l in range(layers) for h in range(heads)])
+    tooltip = [alt.Tooltip("layer:O", title=t("ablation_page.layer")), alt.Tooltip("head:O", title=t("ablation_page.head")),
+               alt.Tooltip("value:Q", format=".4f", title=title)]
     chart = alt.Chart(cells).mark_rect(stroke="white").encode(
         x=alt.X("head:O", title=t("ablation_page.head"), axis=alt.Axis(labelAngle=0)),
         y=alt.Y("layer:O", title=t("ablation_page.layer")),
         color=alt.Color("value:Q", scale=alt.Scale(scheme=scheme), legend=alt.Legend(orient="bottom", title=None)),
         strokeWidth=alt.condition("datum.off", alt.value(3), alt.value(0.5)),
-        tooltip=[alt.Tooltip("layer:O", title=t("ablation_page.layer")), alt.Tooltip("head:O", title=t("ablation_page.head")),
-                 alt.Tooltip("value:Q", format=".4f", title=title)],
+        tooltip=tooltip,
     )
     marks = alt.Chart(cells[cells["off"]]).mark_text(text="✕", fontSize=14, color="white").encode(
         x="head:O", y="layer:O")
     if clickable:
         chart = chart.add_params(alt.selection_point(name="cell", fields=["layer", "head"], on="click", clear=False))
-    shown = cells[["layer", "head", "value"]].set_axis([t("ablation_page.layer"), t("ablation_page.head"), title], axis=1)
-    return alt.layer(table_layer(shown), chart, marks).properties(width=alt.Step(max(12, min(42, 300 // heads))),
+    return alt.layer(table_layer(tooltip_table(cells, tooltip)), chart, marks).properties(width=alt.Step(max(12, min(42, 300 // heads))),
                                              height=alt.Step(max(8, min(24, 330 // layers))))
 
 

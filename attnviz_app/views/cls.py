@@ -11,7 +11,7 @@ from attnviz import offline, render, runtimes, stats
 from ..text import device_label, t
 
 from .base import ALL, Context, View, register
-from .common import download_figure, download_png, enlarge, head_label, heatmap, table_layer
+from .common import download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
 from .norms import mark_high_norm, norm_sentence
 from .takeaway import downloads as take_away
 
@@ -101,14 +101,13 @@ def facts(ctx: Context) -> None:
     # a cats-vs-dogs classifier has 2 classes: all of them, not "top 5"
     st.subheader(t("facts.top5") if len(model.labels) > len(top) else t("facts.all_classes", k=len(top)))
     table = pd.DataFrame({"class": [c for c, _ in top], "probability": [p for _, p in top]})
+    tooltip = [alt.Tooltip("class:N", title=t("facts.class")),
+               alt.Tooltip("probability:Q", format=".3f", title=t("facts.probability"))]
     bars = alt.Chart(table).mark_bar().encode(
         x=alt.X("probability:Q", scale=alt.Scale(domain=[0, 1]), title=t("facts.probability")),
-        y=alt.Y("class:N", sort="-x", title=None),
-        tooltip=[alt.Tooltip("class:N", title=t("facts.class")),
-                 alt.Tooltip("probability:Q", format=".3f", title=t("facts.probability"))],
+        y=alt.Y("class:N", sort="-x", title=None), tooltip=tooltip,
     )
-    shown = table.set_axis([t("facts.class"), t("facts.probability")], axis=1)
-    st.altair_chart(alt.layer(table_layer(shown), bars), width="stretch")
+    st.altair_chart(alt.layer(table_layer(tooltip_table(table, tooltip)), bars), width="stretch")
 
 
 register(View("cls", show, controls=ALL, order=10))

@@ -167,6 +167,13 @@ def table_layer(table: pd.DataFrame):
     return alt.Chart(table).mark_point(aria=False).transform_filter("false")
 
 
+def tooltip_table(data: pd.DataFrame, tooltip: list) -> pd.DataFrame:
+    """The columns of ``data`` a chart's tooltip shows (``alt.Tooltip("field:type", title=...)``), headed by their
+    titles: where the tooltip tells one mark's numbers, the table (:func:`table_layer`) tells them all."""
+    tips = [tip.to_dict() for tip in tooltip]  # {"field": …, "title": …, "type": …}
+    return data[[tip["field"] for tip in tips]].set_axis([tip["title"] for tip in tips], axis=1)
+
+
 def patch_table(values: np.ndarray, value_name: str) -> pd.DataFrame:
     """(h, w) values over the patch grid → a row per patch, row by row: the patch's row and column (from 1, as the
     page counts) and its value under ``value_name``."""

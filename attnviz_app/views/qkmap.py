@@ -11,7 +11,7 @@ from .. import heavy
 from ..text import listed, t
 
 from .base import HEAD, LAYER, Context, Linked, View, one_of, register
-from .common import CANVAS, SVG, data_url, download_chart, selected_points, table_layer, token_label
+from .common import CANVAS, SVG, data_url, download_chart, selected_points, table_layer, token_label, tooltip_table
 from .query import current_query, set_query
 
 CHART_KEY = "qk_chart"
@@ -179,21 +179,20 @@ def atlas_chart(picture, layers: int, heads: int, row_r: np.ndarray, column_r: n
     image = alt.Chart(whole).mark_image(aspect=False, aria=False).encode(x=x, x2="c1:Q", y=y, y2="r1:Q", url="url:N")
     tile = alt.selection_point(name="tile", fields=["layer", "head"], on="click", clear=False)
     hover = alt.selection_point(name="atlas_hover", fields=["layer", "head"], on="pointerover", clear="pointerout")
+    tooltip = [alt.Tooltip("layer:Q", title=t("view.layer")), alt.Tooltip("head:Q", title=t("view.head")),
+               alt.Tooltip("row_r:Q", title=t("qkmap.row_r"), format=".2f"),
+               alt.Tooltip("column_r:Q", title=t("qkmap.column_r"), format=".2f")]
     grid = alt.Chart(cells.assign(label=[f"{t('view.layer')} {layer}, {t('view.head_n', n=head)}"
                                          for layer, head in zip(cells["layer"], cells["head"])])).mark_rect(
         fill="white", fillOpacity=0.01, stroke="#ff00aa", strokeWidth=2).encode(
         x=x, x2="c1:Q", y=y, y2="r1:Q", description="label:N",
         strokeOpacity=alt.condition(hover, alt.value(1.0), alt.value(0.0), empty=False),
-        tooltip=[alt.Tooltip("layer:Q", title=t("view.layer")), alt.Tooltip("head:Q", title=t("view.head")),
-                 alt.Tooltip("row_r:Q", title=t("qkmap.row_r"), format=".2f"),
-                 alt.Tooltip("column_r:Q", title=t("qkmap.column_r"), format=".2f")],
+        tooltip=tooltip,
     ).add_params(tile, hover)
     layer, head = chosen
     here = alt.Chart(pd.DataFrame([{"c0": head, "r0": layer, "c1": head + 1, "r1": layer + 1}])).mark_rect(
         fillOpacity=0, stroke="#ff00aa", strokeWidth=3).encode(x=x, x2="c1:Q", y=y, y2="r1:Q")
-    table = cells[["layer", "head", "row_r", "column_r"]].set_axis(
-        [t("view.layer"), t("view.head"), t("qkmap.row_r"), t("qkmap.column_r")], axis=1)
-    return alt.layer(table_layer(table), image, here, grid).properties(
+    return alt.layer(table_layer(tooltip_table(cells, tooltip)), image, here, grid).properties(
         width=width, height=height, usermeta=CANVAS).configure_view(
         strokeWidth=0)
 

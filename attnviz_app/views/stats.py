@@ -10,7 +10,7 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, View, register
-from .common import download_chart, download_file, figure_png, table_layer
+from .common import download_chart, download_file, figure_png, table_layer, tooltip_table
 
 PANELS = ("distance", "entropy", "prefix")
 STEMS = {"distance": "head_mean_attention_distance", "entropy": "head_cls_entropy", "prefix": "head_prefix_share"}
@@ -33,15 +33,15 @@ def panel(
     x = alt.X("layer:Q", title=t("analysis.stats.layer_axis"), axis=alt.Axis(tickMinStep=1, format="d"),
               scale=alt.Scale(domain=[0.5, data["layer"].max() + 0.5], nice=False))
     y = alt.Y(f"{field}:Q", title=axis_title)
+    tooltip = [alt.Tooltip("layer:Q", title=t("analysis.stats.layer_axis")),
+               alt.Tooltip("head:N", title=t("analysis.stats.head_legend")),
+               alt.Tooltip(f"{field}:Q", format=".2f", title=axis_title)]
     dots = alt.Chart(data).mark_circle(size=70, opacity=0.85).encode(
         x=x, y=y, color=alt.Color("head:N", title=t("analysis.stats.head_legend"), scale=alt.Scale(scheme="tableau10")),
-        tooltip=[alt.Tooltip("layer:Q", title=t("analysis.stats.layer_axis")),
-                 alt.Tooltip("head:N", title=t("analysis.stats.head_legend")), alt.Tooltip(f"{field}:Q", format=".2f", title=axis_title)],
+        tooltip=tooltip,
     )
     mean = alt.Chart(data).mark_line(color="black", strokeWidth=2).encode(x=x, y=f"mean({field}):Q")
-    shown = data[["layer", "head", field]].set_axis(
-        [t("analysis.stats.layer_axis"), t("analysis.stats.head_legend"), axis_title], axis=1)
-    layers = [table_layer(shown), dots, mean]
+    layers = [table_layer(tooltip_table(data, tooltip)), dots, mean]
     if reference is not None:
         rule = pd.DataFrame([{"y": reference, "label": reference_label}])
         layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(y="y:Q"))
