@@ -77,6 +77,8 @@ BASE_CSS = """
   [data-testid="stSlider"] [role="slider"] { width: 28px; height: 28px; }
   [data-testid="stSlider"] [role="slider"]::before { content: ""; position: absolute; inset: -8px; }
   [data-testid="stTabs"] button[role="tab"] { min-height: 40px; }
+  /* a table's cells lose half their padding: the lesson's table of sizes (five columns) then fits 358 px */
+  [data-testid="stMarkdownContainer"] :is(th, td) { padding: 0.35rem 0.4rem; }
 }
 /* A clickable picture with no numbers to show (the plain photo): no "Show data", the first of its toolbar's buttons
    (views/common.py: clickable_picture). */

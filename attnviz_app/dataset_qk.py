@@ -37,27 +37,37 @@ def head_map(out: str, signature_key: str, layer: int, head: int, normalize: str
 
 
 def chart(qk: qkmap.QKMap, values: np.ndarray, names: list[str], colour_title: str, categorical: bool):
-    """The map as an Altair chart: what a browser without WebGL gets (and ``bench/qkmap.py`` compares)."""
+    """The map as an Altair chart: what a browser without WebGL gets (and ``bench/qkmap.py`` compares).
+
+    Its columns are named in the page's language, so Show data opens a table a reader understands without
+    a second copy of the 79 000 points under readable titles.
+    """
     import altair as alt
     import pandas as pd
 
     labels = [token_label(int(i), qk.num_prefix_tokens, qk.grid) for i in range(qk.num_tokens)]
+    x, y, kind, photo, token = (t(k) for k in ("qkmap.axis_1", "qkmap.axis_2", "qkmap.kind", "qkmap.colour_photo",
+                                               "qkmap.token"))
     data = pd.DataFrame({
-        "x": qk.xy[:, 0].astype(np.float32), "y": qk.xy[:, 1].astype(np.float32),
-        "kind_label": np.where(qk.is_key, t("qkmap.key"), t("qkmap.query")),
-        "photo": [names[i] for i in qk.photo], "label": [labels[i] for i in qk.token],
-        "value": values.astype(np.float32),
+        photo: [names[i] for i in qk.photo], token: [labels[i] for i in qk.token],
+        kind: np.where(qk.is_key, t("qkmap.key"), t("qkmap.query")),
+        x: qk.xy[:, 0].astype(np.float32), y: qk.xy[:, 1].astype(np.float32),
     })
-    colour = (alt.Color("photo:N", legend=None) if categorical else
-              alt.Color("value:Q", scale=alt.Scale(scheme="viridis"), legend=alt.Legend(title=colour_title, orient="bottom")))
-    shape = alt.Shape("kind_label:N", scale=alt.Scale(domain=[t("qkmap.query"), t("qkmap.key")], range=["circle", "square"]),
+    if categorical:  # coloured by photo: that column is already there
+        colour = alt.Color(field=photo, type="nominal", legend=None)
+    else:
+        data[colour_title] = values.astype(np.float32)
+        colour = alt.Color(field=colour_title, type="quantitative", scale=alt.Scale(scheme="viridis"),
+                           legend=alt.Legend(title=colour_title, orient="bottom"))
+    shape = alt.Shape(field=kind, type="nominal", scale=alt.Scale(domain=[t("qkmap.query"), t("qkmap.key")],
+                                                                  range=["circle", "square"]),
                       legend=alt.Legend(title=None, orient="top"))
     points = alt.Chart(data).mark_point(filled=True, size=10, opacity=0.6).encode(
-        x=alt.X("x:Q", axis=alt.Axis(title=t("qkmap.axis_1"), labels=False, ticks=False), scale=alt.Scale(zero=False)),
-        y=alt.Y("y:Q", axis=alt.Axis(title=t("qkmap.axis_2"), labels=False, ticks=False), scale=alt.Scale(zero=False)),
+        x=alt.X(field=x, type="quantitative", axis=alt.Axis(labels=False, ticks=False), scale=alt.Scale(zero=False)),
+        y=alt.Y(field=y, type="quantitative", axis=alt.Axis(labels=False, ticks=False), scale=alt.Scale(zero=False)),
         color=colour, shape=shape,
-        tooltip=[alt.Tooltip("photo:N", title=t("qkmap.colour_photo")), alt.Tooltip("kind_label:N", title=t("qkmap.kind")),
-                 alt.Tooltip("label:N", title=t("qkmap.token"))],
+        tooltip=[alt.Tooltip(field=photo, type="nominal"), alt.Tooltip(field=kind, type="nominal"),
+                 alt.Tooltip(field=token, type="nominal")],
     ).properties(height=460, usermeta=CANVAS)
     return points.interactive()  # pan and zoom
 

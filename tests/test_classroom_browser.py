@@ -116,6 +116,11 @@ def test_phone_upload_views_and_lesson(app_in_chromium):
         cut = page.locator("[role='tabpanel']:not([hidden]) table").evaluate_all(  # the worked example's weights were
             "ts => ts.map(t => t.getBoundingClientRect().right).filter(r => r > window.innerWidth + 1)")  # out of sight
         assert not cut, (f"lesson tab {i + 1}", cut)
+        # a data frame's columns all in its box: six of Q's numbers and the table of sizes scrolled out of sight
+        hidden = page.locator("[role='tabpanel']:not([hidden]) [data-testid='stDataFrame']").evaluate_all(
+            "ds => ds.map(d => [d.querySelector('.dvn-stack').getBoundingClientRect().width, "
+            "d.getBoundingClientRect().width]).filter(([inside, box]) => inside > box + 1)")
+        assert not hidden, (f"lesson tab {i + 1}", hidden)
         shot(page, f"phone_lesson{i + 1}_en")
     page.close()
 

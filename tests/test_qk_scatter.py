@@ -85,3 +85,29 @@ def test_the_wheel_carries_the_browser_side():
     assert {k: v[1] for k, v in fields.items()} == {"x": 0, "y": 4, "rgb": 8, "kind": 11, "photo": 12, "token": 14}
     js = (ROOT / "attnviz_app" / "qk_scatter.js").read_text()
     assert "const RECORD = 16;" in js and "gl.UNSIGNED_BYTE, false, 11)" in js and "RECORD + 14, true)" in js
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_the_altair_fallbacks_show_data_is_in_the_pages_language(three, lang, monkeypatch):
+    """Without WebGL the Dataset page draws the Altair chart; its Show data opened the code's column names
+    (x, y, kind_label, value) in English on a Chinese page."""
+    from attnviz import i18n
+    from attnviz_app import dataset_qk
+
+    monkeypatch.setattr(dataset_qk, "t", lambda key, **values: i18n.text(lang, key, **values))
+    caps, qk = three
+    values = qkmap.colour_values(qk, caps, "brightness")
+    title = i18n.text(lang, "qkmap.colour_brightness")
+    spec = dataset_qk.chart(qk, values, ["a.jpg", "b.jpg", "c.jpg"], title, False).to_dict()
+    (rows,) = spec["datasets"].values()
+    words = {k: i18n.text(lang, f"qkmap.{k}") for k in ("axis_1", "axis_2", "kind", "colour_photo", "token")}
+    assert list(rows[0]) == [words["colour_photo"], words["token"], words["kind"], words["axis_1"], words["axis_2"],
+                             title]
+    got = np.array([[r[words["axis_1"]], r[words["axis_2"]], r[title]] for r in rows], dtype=np.float32)
+    assert np.array_equal(got[:, :2], qk.xy.astype(np.float32))
+    assert np.allclose(got[:, 2], values.astype(np.float32), equal_nan=True)
+    assert {r[words["kind"]] for r in rows} == {i18n.text(lang, "qkmap.query"), i18n.text(lang, "qkmap.key")}
+    # coloured by photo: no second photo column under the same name
+    spec = dataset_qk.chart(qk, values, ["a.jpg", "b.jpg", "c.jpg"], words["colour_photo"], True).to_dict()
+    (rows,) = spec["datasets"].values()
+    assert len(rows[0]) == 5 and {r[words["colour_photo"]] for r in rows} == {"a.jpg", "b.jpg", "c.jpg"}

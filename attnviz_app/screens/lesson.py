@@ -253,15 +253,16 @@ def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
                width=min(2 * s.head_dim * cell, 160))
     mid.image(matrix_picture(k.T, cell), caption=t("lesson.qkv.k_picture", n=s.tokens, dk=s.head_dim))
     right.image(matrix_picture(weights, cell), caption=t("lesson.qkv.a_picture", n=s.tokens))
-    st.markdown(t("lesson.qkv.table", layer=layer + 1, head=head + 1))
+    m = min(4 if classroom.narrow() else 6, s.head_dim)  # six numbers ran 45 px past a phone's column, out of sight
+    st.markdown(t("lesson.qkv.table", layer=layer + 1, head=head + 1, m=m))
     shown = min(4, s.tokens)
     names = [t("lesson.cls_token") if i < s.prefix_tokens else t("lesson.patch_token", n=i) for i in range(shown)]
-    dims = [f"{i + 1}" for i in range(6)]
+    dims = [f"{i + 1}" for i in range(m)]
     cols = st.columns(2)
-    cols[0].dataframe(pd.DataFrame(q[:shown, :6], index=names, columns=dims).style.format("{:.3f}"))
-    cols[0].caption(t("lesson.qkv.q_rows", dk=s.head_dim))
-    cols[1].dataframe(pd.DataFrame(k[:shown, :6], index=names, columns=dims).style.format("{:.3f}"))
-    cols[1].caption(t("lesson.qkv.k_rows", dk=s.head_dim))
+    cols[0].dataframe(pd.DataFrame(q[:shown, :m], index=names, columns=dims).style.format("{:.3f}"))
+    cols[0].caption(t("lesson.qkv.q_rows", m=m, dk=s.head_dim))
+    cols[1].dataframe(pd.DataFrame(k[:shown, :m], index=names, columns=dims).style.format("{:.3f}"))
+    cols[1].caption(t("lesson.qkv.k_rows", m=m, dk=s.head_dim))
 
 
 def step_by_hand() -> None:
@@ -429,7 +430,10 @@ def step_cost(model: Model) -> None:
         t("lesson.cost.maps"): [f"{r.map_bytes / 1e6:,.1f} MB" for r in rows],
         t("lesson.cost.qk"): [f"{r.qk_bytes / 1e6:,.1f} MB" for r in rows],
     })
-    st.dataframe(table, hide_index=True, width="stretch")
+    if classroom.narrow():  # seven columns ran 330 px past a phone's column: a row per quantity, a column per size
+        st.markdown(markdown_table(list(table.columns), table.astype(str).values.tolist(), transposed=True))
+    else:
+        st.dataframe(table, hide_index=True, width="stretch")
     st.caption(t("lesson.cost.caption", layers=model.depth, heads=model.num_heads, patch=p, size=model.size))
     squares = pd.DataFrame({
         "size": [f"{r.size} px" for r in rows], "N": [r.tokens for r in rows], "zero": 0,
