@@ -15,7 +15,7 @@ from attnviz.errors import RunError
 
 from . import qk_scatter
 from .text import t
-from .views.common import CANVAS, mark_patch, token_label
+from .views.common import CANVAS, described, mark_patch, token_label
 from .views.qkmap import measured_sentence
 
 COLOURS = ("photo", "row", "column", "cls_attention", "brightness")
@@ -97,7 +97,7 @@ def show(out: str, signature: tuple, layer: int, head: int) -> None:
     labels = [token_label(i, qk.num_prefix_tokens, qk.grid) for i in range(qk.num_tokens)]
     # ~79 000 points: WebGL (Vega's canvas takes seconds to draw them and half a second a pan step).
     qk_scatter.show(qk_scatter.payload(qk, values, names, labels, title, categorical, qk_scatter.words()), SCATTER_KEY,
-                    lambda: st.altair_chart(chart(qk, values, names, title, categorical), width="stretch"))
+                    lambda: st.altair_chart(described(chart(qk, values, names, title, categorical)), width="stretch"))
     st.caption(t("qkmap.dataset_caption", photos=len(caps), points=len(qk.token)))
     st.markdown(measured_sentence(stats, layer - 1, head - 1))
 

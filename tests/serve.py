@@ -222,10 +222,11 @@ MEASURE = """() => {
   const tallest = Math.max(0, ...sized.map(r => r.height));
   const big = sized.filter(r => r.height >= tallest / 2);
   const main = document.querySelector('[data-testid="stMain"]');
-  // charts drawn wider than their box: the page's CSS lets the box scroll sideways, so their right part is cut off
-  const clipped = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(chart => {
-    const drawn = chart.querySelector('canvas, svg.marks');
-    return drawn ? [Math.round(chart.getBoundingClientRect().width), Math.round(drawn.getBoundingClientRect().width)] : null;
+  // charts drawn wider than their box, and data frames whose columns are: the page's CSS lets the box scroll
+  // sideways, so their right part is cut off (a hidden tab's are 0 wide)
+  const clipped = [...document.querySelectorAll('[data-testid="stVegaLiteChart"], [data-testid="stDataFrame"]')].map(box => {
+    const drawn = box.querySelector(box.dataset.testid === 'stDataFrame' ? '.dvn-stack' : 'canvas, svg.marks');
+    return drawn ? [Math.round(box.getBoundingClientRect().width), Math.round(drawn.getBoundingClientRect().width)] : null;
   }).filter(sizes => sizes && sizes[1] > sizes[0] + 1);
   return {vw: window.innerWidth, vh: window.innerHeight, page: document.documentElement.scrollWidth, clipped,
           main: main ? main.scrollWidth : 0, heat: big.length ? {top: big[0].top, bottom: big[0].bottom,

@@ -1,6 +1,8 @@
 """The Dataset page opens a run's output (only from the folder the server's owner chose) in both languages."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -9,7 +11,7 @@ from attnviz.dataset import RunConfig, read_run, run_local
 
 from conftest import APP
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
-from test_views_charts import shown_data
+from test_views_charts import shown_data, undescribed_guides
 
 
 
@@ -53,6 +55,10 @@ def test_page_opens_a_run(runs, monkeypatch, lang):
     head = table[(table.iloc[:, 0] == 12) & (table.iloc[:, 1] == 1)].iloc[0]
     assert abs(head.iloc[2] - rows["distance_px"].mean()) <= 1e-4 and abs(head.iloc[3] - rows["entropy"].mean()) <= 1e-4
     assert head.iloc[4] == 4
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)  # its axes told to a screen reader in this language
+    assert undescribed_guides(spec) == set()
+    assert i18n.text(lang, "chart.y_axis", title=i18n.text(lang, "dataset.entropy_axis")) in json.dumps(
+        spec, ensure_ascii=False)
     reason = at.dataframe[0].value.iloc[0, 1]
     assert reason == i18n.text(lang, "images.unreadable", name="notes.jpg", formats=i18n.text(lang, "images.formats"))
 

@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 from attnviz import i18n
 
 from conftest import APP
-from test_views_charts import untitled_tooltips
+from test_views_charts import undescribed_guides, untitled_tooltips
 
 
 
@@ -83,6 +83,7 @@ def test_perturbation_test_runs_and_gives_a_verdict(pages: dict[str, AppTest]):
     assert len(page.get("vega_lite_chart")) == charts_before + 1  # the output-change plot
     for chart in page.get("vega_lite_chart"):  # every chart of the lesson: its tooltips say what they show
         assert untitled_tooltips(json.loads(chart.proto.spec)) == [], chart.proto.spec[:300]
+        assert undescribed_guides(json.loads(chart.proto.spec)) == set(), chart.proto.spec[:300]
 
 
 @pytest.mark.browser

@@ -324,6 +324,34 @@ def untitled_tooltips(spec) -> list[str]:
     return found
 
 
+GUIDES = {"x": "axis", "y": "axis", "color": "legend", "fill": "legend", "stroke": "legend", "shape": "legend",
+          "size": "legend", "opacity": "legend", "strokeDash": "legend"}
+
+
+def undescribed_guides(spec) -> set[str]:
+    """The channels of a Vega-Lite spec that draw an axis or legend (a field, the guide not switched off) which no
+    layer describes: Vega then tells a screen reader "Y-axis titled '層' for a linear scale…", in English."""
+    drawn, described = set(), set()
+
+    def walk(part) -> None:
+        if isinstance(part, list):
+            for value in part:
+                walk(value)
+        if not isinstance(part, dict):
+            return
+        for channel, kind in GUIDES.items():
+            ch = part.get("encoding", {}).get(channel)
+            if isinstance(ch, dict) and ("field" in ch or "aggregate" in ch) and ch.get(kind, {}) is not None:
+                drawn.add(channel)
+                if (ch.get(kind) or {}).get("description"):
+                    described.add(channel)
+        for value in part.values():
+            walk(value)
+
+    walk(spec)
+    return drawn - described
+
+
 def test_every_tooltip_says_what_it_shows_in_the_page_s_language():
     """Each value a chart's tooltip shows has its own title, in the page's language."""
     import json
@@ -335,6 +363,9 @@ def test_every_tooltip_says_what_it_shows_in_the_page_s_language():
         for chart in at.get("vega_lite_chart"):
             spec = json.loads(chart.proto.spec)
             assert untitled_tooltips(spec) == [], view
+            assert undescribed_guides(spec) == set(), view  # and each axis and legend, for a screen reader
+    stats = json.dumps(json.loads(opened("stats", "zh-TW").get("vega_lite_chart")[0].proto.spec), ensure_ascii=False)
+    assert '"description": "X 軸：層"' in stats and '"description": "圖例：頭"' in stats
     query = json.dumps(json.loads(opened("query", "zh-TW").get("vega_lite_chart")[0].proto.spec), ensure_ascii=False)
     assert '"title": "注意力權重"' in query  # a map's cell tells its weight on hover
     stats = json.loads(opened("stats", "zh-TW").get("vega_lite_chart")[0].proto.spec)

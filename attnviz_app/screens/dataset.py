@@ -20,7 +20,7 @@ with startup.importing():
     import pandas as pd
 
     from attnviz_app import classroom, links, ui
-    from attnviz_app.views.common import download_chart, table_layer, tooltip_table
+    from attnviz_app.views.common import described, download_chart, table_layer, tooltip_table
     from attnviz import dataset, i18n, render, runfiles
     from attnviz.adapters import family_of_name
     from attnviz.errors import RunFileError
@@ -201,7 +201,7 @@ def page() -> None:
     )[["layer", "head", "name", "distance_px", "entropy"]]
     sampled = t("dataset.sampled", count=len(shown_images)) if len(shown_images) < len(paths) else ""
     heads_chart = scatter(summary, per_image)
-    st.altair_chart(heads_chart, width="stretch")
+    st.altair_chart(described(heads_chart), width="stretch")
     st.caption(t("dataset.scatter_caption", images=len(paths), sampled=sampled))
     download_chart(heads_chart.properties(title=t("dataset.scatter_header")), "dataset_heads_distance_entropy",
                    key="dataset_scatter")

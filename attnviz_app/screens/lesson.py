@@ -20,6 +20,7 @@ with startup.importing():
     from attnviz import Capture, Model, lesson, render
     from attnviz_app.text import t
     from attnviz_app.views.base import patch_named
+    from attnviz_app.views.common import described
 
 CMAP = "inferno"
 QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
@@ -297,7 +298,7 @@ def step_by_hand() -> None:
     rows.append(["Σ", "", "", "", "", num(ex.exp_sum), f"{ex.weights.sum():.2f}"])
     left, right = st.columns([3, 2], gap="large")
     left.markdown(markdown_table(header, rows, transposed=classroom.narrow()))
-    right.altair_chart(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight")), width="stretch")
+    right.altair_chart(described(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight"))), width="stretch")
     right.caption(t("lesson.hand.chart_caption"))
 
     dots = " ".join(
@@ -320,7 +321,7 @@ def step_scale() -> None:
     left, right = st.columns(2)
     for col, scores in ((left, (2.0, 1.0, 0.0)), (right, (20.0, 10.0, 0.0))):
         weights = lesson.softmax(scores)
-        col.altair_chart(bars(weights, labels, t("lesson.hand.weight")), width="stretch")
+        col.altair_chart(described(bars(weights, labels, t("lesson.hand.weight"))), width="stretch")
         col.markdown(t("lesson.scale.result", scores=vector(np.array(scores), 0),
                        weights="[" + ", ".join(plain(v) for v in weights) + "]"))
     st.markdown(t("lesson.scale.slider_intro"))
@@ -328,7 +329,7 @@ def step_scale() -> None:
     scores = np.array([20.0, 10.0, 0.0])
     weights = lesson.softmax(scores, 1 / divisor)
     left, right = st.columns([2, 3])
-    left.altair_chart(bars(weights, labels, t("lesson.hand.weight")), width="stretch")
+    left.altair_chart(described(bars(weights, labels, t("lesson.hand.weight"))), width="stretch")
     right.latex(formula(rf"&\text{{softmax}}\left(\frac{{[20, 10, 0]}}{{{divisor:g}}}\right)",
                         "&= [" + ", ".join(plain(v) for v in weights) + "]"))
     right.markdown(t("lesson.scale.slider_note"))
@@ -351,7 +352,7 @@ def step_scale() -> None:
             x=alt.X("lo:Q", title=title, scale=alt.Scale(domain=[-reach, reach])), x2="hi:Q",
             y=alt.Y("count:Q", title=t("lesson.scale.count")), y2=alt.datum(0),
         ).properties(height=220)
-        col.altair_chart(chart, width="stretch")
+        col.altair_chart(described(chart), width="stretch")
         col.markdown(t("lesson.scale.variance", what=title, var=var, expected=expected, std=math.sqrt(var)))
     st.info(t("lesson.scale.conclusion", dk=d_k, root=math.sqrt(d_k)))
 
@@ -448,7 +449,7 @@ def step_cost(model: Model) -> None:
         tooltip=[alt.Tooltip("size:N", title=t("lesson.cost.size")), alt.Tooltip("N:Q", title="N"),
                  alt.Tooltip("mb:Q", format=",.1f", title=t("lesson.cost.maps"))],
     ).properties(height=320)
-    right.altair_chart(memory, width="stretch")
+    right.altair_chart(described(memory), width="stretch")
     by_size = {r.size: r for r in rows}
     a, b = next(((r, by_size[2 * r.size]) for r in rows if 2 * r.size in by_size), (rows[0], rows[-1]))
     st.info(t("lesson.cost.doubling", s1=a.size, s2=b.size, n1=a.tokens, n2=b.tokens, ratio=b.pairs / a.pairs))
@@ -505,7 +506,7 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
         )
     ).properties(height=340)
     left, right = st.columns([3, 2], gap="large")
-    left.altair_chart(chart, width="stretch")
+    left.altair_chart(described(chart), width="stretch")
     left.caption(change_title)
     filled = lesson.fill_image(cap.input, fill, model.patch)
     last = result.removed[-1]

@@ -12,7 +12,7 @@ from .. import heavy
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import download_chart, enlarge, table_layer, tooltip_table
+from .common import described, download_chart, enlarge, table_layer, tooltip_table
 
 KIND = "ablation"
 OFF = "ablation_off"  # the heads switched off in this session: sorted list of "layer-head" (0-based)
@@ -122,14 +122,14 @@ def show(ctx: Context) -> None:
             st.markdown(f"**{t('ablation_page.effect_title')}**")
             st.caption(effect_title)
             effect = grid_chart(result.effect, effect_title, set(off_keys), True, "reds")
-            st.altair_chart(effect, key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
+            st.altair_chart(described(effect), key=f"ablation_grid_{st.session_state.get(CLICKS, 0)}", on_select=_clicked,
                             selection_mode="cell", width="content", alt=effect_title)
             download_chart(effect.properties(title=effect_title), "head_ablation_effect", key="ablation_effect")
         with right:
             st.markdown(f"**{t('ablation_page.statistic')}**")
             st.caption(label(statistic))
             chart = grid_chart(values, label(statistic), set(off_keys), False, "blues")
-            st.altair_chart(chart, width="content", alt=label(statistic))
+            st.altair_chart(described(chart), width="content", alt=label(statistic))
             download_chart(chart.properties(title=label(statistic)), f"head_{statistic}",
                            key="ablation_statistic")
         st.info(correlation_sentence(result, statistic))

@@ -11,7 +11,7 @@ from attnviz import offline, render, runtimes, stats
 from ..text import device_label, t
 
 from .base import ALL, Context, View, register
-from .common import download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
+from .common import described, download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
 from .norms import mark_high_norm, norm_sentence
 from .takeaway import downloads as take_away
 
@@ -107,7 +107,7 @@ def facts(ctx: Context) -> None:
         x=alt.X("probability:Q", scale=alt.Scale(domain=[0, 1]), title=t("facts.probability")),
         y=alt.Y("class:N", sort="-x", title=None), tooltip=tooltip,
     )
-    st.altair_chart(alt.layer(table_layer(tooltip_table(table, tooltip)), bars), width="stretch")
+    st.altair_chart(described(alt.layer(table_layer(tooltip_table(table, tooltip)), bars)), width="stretch")
 
 
 register(View("cls", show, controls=ALL, order=10))

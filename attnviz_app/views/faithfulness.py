@@ -12,7 +12,7 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, Linked, View, flag, one_of, register, write_flag
-from .common import download_chart, table_layer
+from .common import described, download_chart, table_layer
 
 KIND = "faithfulness"
 
@@ -115,7 +115,7 @@ def results(result: fa.Faithfulness, narrow: bool = False) -> None:
     st.info(fa.sentence(result, lang()))
     chart = curves_chart(result, narrow)
     caption = t("faith_page.chart_caption", fill=fill, orders=len(result.random))
-    st.altair_chart(chart, alt=caption)
+    st.altair_chart(described(chart), alt=caption)
     st.caption(caption)
     download_chart(chart, f"deletion_insertion_curves_{result.fill}", key="faith_curves")
     verdict = lambda v: t(f"faith_page.verdict_{v}")  # noqa: E731

@@ -12,7 +12,7 @@ from ..text import t
 
 from .base import ALL, Context, View, register
 from .cls import no_class_token_note
-from .common import QUERY_COLOUR, data_url, download_figure, download_png, head_label, selected_points, table_layer
+from .common import described, QUERY_COLOUR, data_url, download_figure, download_png, head_label, selected_points, table_layer
 
 CHART_KEY = "heads_chart"
 CELL_PX = 72  # side of one small map on the page
@@ -138,7 +138,7 @@ def show(ctx: Context) -> None:
     chart = alt.layer(table_layer(brightest(maps)), images, frames).properties(
         width=alt.Step(step), height=alt.Step(step)
     ).configure_view(strokeWidth=0).configure_axis(labelFontSize=13, titleFontSize=14)
-    st.altair_chart(chart, key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content",
+    st.altair_chart(described(chart), key=CHART_KEY, on_select=_clicked, selection_mode="cell", width="content",
                     alt=t("analysis.heads.title", layers=num_layers, heads=num_heads))
     chosen = (ctx.layer, names.index(chosen_head) if chosen_head in names else -1)
     download_png(ctx.deferred(sheet_of, *drawn, chosen), "all_heads.png", key="download_heads")

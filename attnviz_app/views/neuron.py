@@ -11,7 +11,7 @@ from attnviz.neuron import neuron_pair
 from ..text import t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import clickable_picture, download_chart, enlarge, mark_patch, patch_table, selected_points, table_layer
+from .common import described, clickable_picture, download_chart, enlarge, mark_patch, patch_table, selected_points, table_layer
 
 QUERY, KEY = "neuron_query", "neuron_key"  # (row, col) of the chosen patches
 
@@ -87,7 +87,7 @@ def show(ctx: Context) -> None:
     d = pair.q.shape[0]
     st.markdown(t("neuron_page.strip", layer=ctx.layer + 1, head=head + 1, d=d))
     strip = strip_chart(pair, ctx.narrow)
-    st.altair_chart(strip)
+    st.altair_chart(described(strip))
     download_chart(strip.properties(title=t("neuron_page.strip", layer=ctx.layer + 1, head=head + 1, d=d)),
                    f"q_k_product_layer{ctx.layer + 1}_head{head + 1}_query{query}_key{key}", key="neuron_strip")
     st.markdown(t("neuron_page.steps", dot=pair.dot, d=d, scale=pair.scale, bias=pair.bias, logit=pair.logit,

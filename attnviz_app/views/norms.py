@@ -17,7 +17,7 @@ from attnviz.capture import HIGH_NORM_RATIO, Capture
 from ..text import listed, t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .common import colour_scale, download_chart, enlarge, patch_table, table_layer, token_label
+from .common import described, colour_scale, download_chart, enlarge, patch_table, table_layer, token_label
 
 HIGH_NORM_COLOUR = (255, 0, 255)  # magenta: apart from the cyan query frame and every colour map's ends
 
@@ -87,7 +87,7 @@ def show(ctx: Context) -> None:
     shown = wide[["layer", t("families.norms_max"), t("families.norms_p99")]].rename(
         columns={"layer": t("families.norms_layer_axis")})
     chart = alt.layer(table_layer(shown), lines, threshold, label).properties(height=240)
-    st.altair_chart(chart, width="stretch")
+    st.altair_chart(described(chart), width="stretch")
     download_chart(chart.properties(title=t("families.norms_by_layer")), "token_norms_by_layer", key="norms_by_layer")
 
     layer = ctx.layer
@@ -121,7 +121,7 @@ def show(ctx: Context) -> None:
         )
         histogram = alt.layer(table_layer(patch_table(per_patch.reshape(cap.grid), t("families.norms_norm_axis"))),
                               histogram).properties(height=220)
-        st.altair_chart(histogram, width="stretch")
+        st.altair_chart(described(histogram), width="stretch")
         download_chart(histogram.properties(title=t("families.norms_histogram", layer=layer + 1)),
                        f"token_norms_layer{layer + 1}_histogram", key="norms_histogram")
 

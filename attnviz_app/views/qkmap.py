@@ -11,7 +11,7 @@ from .. import heavy
 from ..text import listed, t
 
 from .base import HEAD, LAYER, Context, Linked, View, one_of, register
-from .common import CANVAS, SVG, data_url, download_chart, selected_points, table_layer, token_label, tooltip_table
+from .common import described, CANVAS, SVG, data_url, download_chart, selected_points, table_layer, token_label, tooltip_table
 from .query import current_query, set_query
 
 CHART_KEY = "qk_chart"
@@ -228,7 +228,7 @@ def show(ctx: Context) -> None:
         values = values + 1  # counted from 1, as the page counts rows and columns
     colour_title = t(f"qkmap.colour_{colour}")
     chart = scatter(qk, values, ctx.view, query, colour_title, ctx.narrow, ctx.present)
-    st.altair_chart(chart, key=CHART_KEY, on_select=partial(_picked_point, cap.num_prefix_tokens, cap.grid),
+    st.altair_chart(described(chart), key=CHART_KEY, on_select=partial(_picked_point, cap.num_prefix_tokens, cap.grid),
                     selection_mode="pick", width="content", alt=title)
     # the file: the map alone (the photo beside it only shows the patch under the pointer)
     download_chart(configured(points_plot(qk, values, query, colour_title, SCATTER_PX, False)),
@@ -247,7 +247,7 @@ def show(ctx: Context) -> None:
     st.caption(t("qkmap.atlas_explain"))
     at, picture = heavy.run("qk_atlas", ctx.cap_key, (), lambda: _atlas(cap), t("qkmap.working"))
     atlas = atlas_chart(picture, cap.num_layers, cap.num_heads, at.row_r, at.column_r, ctx.narrow, (ctx.layer, head))
-    st.altair_chart(atlas, key=ATLAS_KEY, on_select=_picked_head, selection_mode="tile", width="content",
+    st.altair_chart(described(atlas), key=ATLAS_KEY, on_select=_picked_head, selection_mode="tile", width="content",
                     alt=atlas_title)
     download_chart(atlas, "qk_atlas", key="qk_atlas_download")
     strongest = np.unravel_index(np.argmax(np.maximum(at.row_r, at.column_r)), at.row_r.shape)

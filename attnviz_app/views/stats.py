@@ -10,7 +10,7 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, View, register
-from .common import download_chart, download_file, figure_png, table_layer, tooltip_table
+from .common import described, download_chart, download_file, figure_png, table_layer, tooltip_table
 
 PANELS = ("distance", "entropy", "prefix")
 STEMS = {"distance": "head_mean_attention_distance", "entropy": "head_cls_entropy", "prefix": "head_prefix_share"}
@@ -115,7 +115,7 @@ def show(ctx: Context) -> None:
             reference = {"entropy": stats.max_entropy, "distance": stats.uniform_distance}.get(field)
             label = t(f"analysis.stats.uniform_{field}") if reference else ""
             chart = panel(data, field, axes[field], reference, label)
-            st.altair_chart(chart, width="stretch")
+            st.altair_chart(described(chart), width="stretch")
             st.caption(helps[field])
             # the file carries the panel's title, which the page writes above the chart
             download_chart(chart.properties(title=titles[field]), STEMS[field], key=f"stats_{field}")
