@@ -30,8 +30,8 @@ def device_label(device: object) -> str:
 # data" and "Fullscreen"; streamlit/streamlit#13500), and names its buttons for screen readers in English ("Help for
 # 層", "Collapse sidebar"). Once per language, this script rewrites those text nodes inside those widgets and
 # tooltips, and those names (aria-label) on Streamlit's own elements, whole only, and keeps doing so as Streamlit
-# redraws them; back in English it puts Streamlit's words back. Vega's own names of axes and legends in a chart's SVG
-# are left as they are.
+# redraws them; back in English it puts Streamlit's words back. A chart's axes and legends are named for a screen
+# reader by the chart itself (views/common.described).
 WIDGET_WORDS_JS = """
 <style>
 /* an element that only runs a script (this one, the classroom's) takes no room: it left a 16 px gap above the page */
