@@ -358,16 +358,16 @@ def test_every_tooltip_says_what_it_shows_in_the_page_s_language():
 
     from attnviz import i18n
 
-    for view in HEADERS["zh-TW"]:
-        at = opened(view, "zh-TW")
-        for chart in at.get("vega_lite_chart"):
-            spec = json.loads(chart.proto.spec)
+    specs = {view: [json.loads(chart.proto.spec) for chart in opened(view, "zh-TW").get("vega_lite_chart")]
+             for view in HEADERS["zh-TW"]}
+    for view, charts in specs.items():
+        for spec in charts:
             assert untitled_tooltips(spec) == [], view
             assert undescribed_guides(spec) == set(), view  # and each axis and legend, for a screen reader
-    stats = json.dumps(json.loads(opened("stats", "zh-TW").get("vega_lite_chart")[0].proto.spec), ensure_ascii=False)
-    assert '"description": "X 軸：層"' in stats and '"description": "圖例：頭"' in stats
-    query = json.dumps(json.loads(opened("query", "zh-TW").get("vega_lite_chart")[0].proto.spec), ensure_ascii=False)
+    query = json.dumps(specs["query"][0], ensure_ascii=False)
     assert '"title": "注意力權重"' in query  # a map's cell tells its weight on hover
-    stats = json.loads(opened("stats", "zh-TW").get("vega_lite_chart")[0].proto.spec)
+    stats = specs["stats"][0]
     assert i18n.text("zh-TW", "analysis.stats.distance_axis") in json.dumps(stats["layer"][1]["encoding"]["tooltip"],
                                                                             ensure_ascii=False)
+    said = json.dumps(stats, ensure_ascii=False)
+    assert '"description": "X 軸：層"' in said and '"description": "圖例：頭"' in said

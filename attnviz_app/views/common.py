@@ -178,32 +178,27 @@ def described(chart):
     import altair as alt
 
     for part in ("layer", "hconcat", "vconcat", "concat"):
-        for sub in _set(chart._get(part)) or ():
+        for sub in chart._get(part, ()):
             described(sub)
-    encoding = _set(chart._get("encoding"))
+    encoding = chart._get("encoding", None)
     for channel, kind in GUIDES.items():
-        ch = _set(encoding._get(channel)) if encoding is not None else None
-        if ch is None or type(ch).__name__.endswith("Value") or _set(ch._get(kind), "none") is None:
-            continue  # no such channel, a constant, or its guide switched off (axis=None)
-        guide = _set(ch._get(kind))
-        title = guide._get("title") if guide is not None else alt.Undefined
+        ch = encoding._get(channel, None) if encoding is not None else None
+        if ch is None or type(ch).__name__.endswith("Value"):  # no such channel, or a constant: no guide
+            continue
+        guide = ch._get(kind)  # Undefined: Vega-Lite's own; None: switched off (axis=None)
+        if guide is None:
+            continue
+        title = alt.Undefined if guide is alt.Undefined else guide._get("title")
         title = ch._get("title") if title is alt.Undefined else title
         if title is alt.Undefined:  # a layer that shares another's axis or legend, which gives the title
             continue
         word = "x_axis" if channel == "x" else "y_axis" if channel == "y" else "legend"
         text = t(f"chart.{word}", title=title) if title else t(f"chart.{word}_untitled")
-        if guide is None:
+        if guide is alt.Undefined:
             setattr(ch, kind, alt.Axis(description=text) if kind == "axis" else alt.Legend(description=text))
         else:
             guide.description = text
     return chart
-
-
-def _set(value, undefined=None):
-    """An Altair property's value, ``undefined`` where it was never set (and None where it was set to None)."""
-    import altair as alt
-
-    return undefined if value is alt.Undefined else value
 
 
 def tooltip_table(data: pd.DataFrame, tooltip: list) -> pd.DataFrame:
