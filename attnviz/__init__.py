@@ -13,9 +13,9 @@ gives the module. The one exception is ``capture``, the function, which shadows 
 """
 from . import masks, qkmap, relevance, rollout, stats
 from ._version import __version__ as __version__
-from .capture import Capture, capture, capture_tensor, fuse_heads, patch_grid
+from .capture import Capture, Window, capture, capture_tensor, fuse_heads, patch_grid
 from .errors import (
-    AttnvizError, ExportError, HubUnavailable, ImageError, IncompleteWeights, ModelError, NoClassTokenError,
+    AttnvizError, ExportError, HubUnavailable, ImageError, IncompleteWeights, LayoutError, ModelError, NoClassTokenError,
     RelevanceError, RunError,
 )
 from .export import load_capture, save_capture
@@ -29,8 +29,8 @@ from .rollout import cls_rollout_grid, layer_flow, rollout_map, rollout_matrix, 
 from .stats import HeadStats, head_stats
 
 __all__ = [
-    "AttnvizError", "ExportError", "HubUnavailable", "ImageError", "IncompleteWeights", "RelevanceError", "RunError",
-    "Capture", "capture", "capture_tensor", "fuse_heads", "patch_grid",
+    "AttnvizError", "ExportError", "HubUnavailable", "ImageError", "IncompleteWeights", "LayoutError", "RelevanceError", "RunError",
+    "Capture", "Window", "capture", "capture_tensor", "fuse_heads", "patch_grid",
     "HUB_MODELS", "Model", "ModelError", "NoClassTokenError", "load_model", "wrap",
     "MassMask", "draw_mask", "mass_mask", "masks",
     "attention_forward", "class_relevance", "relevance_map", "relevance",

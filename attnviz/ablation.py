@@ -186,10 +186,10 @@ def ablated_capture(model: Model, cap: Capture, off: Iterable[tuple[int, int]]) 
         x = interventions.block_forward(block, x, on[layer], record)
         norms.append(x[0].norm(dim=-1))  # (N,)
     output = interventions.readout(network, x)[0]
-    query = torch.stack([q[0] for q, _ in record])  # (L, H, N, d_k)
-    key = torch.stack([k[0] for _, k in record])
-    return replace(cap, query=query.to(cap.query.dtype), key=key.to(cap.key.dtype), output=output,
-                   token_norms=torch.stack(norms).to(cap.query.dtype))
+    dtype = cap.query[0].dtype
+    return replace(cap, query=tuple(q[0, :, None].to(dtype) for q, _ in record),  # (H, 1, N, d_k) per layer
+                   key=tuple(k[0, :, None].to(dtype) for _, k in record), output=output,
+                   token_norms=tuple(n.to(dtype) for n in norms))
 
 
 def ablated_outputs(model: Model, cap: Capture, off: Iterable[tuple[int, int]]) -> torch.Tensor:

@@ -70,16 +70,6 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
         atomic.write_bytes(files["layer sweep"], sweep.sweep_gif(cap, picture=view))
 
 
-def check_staged_options(model, args: argparse.Namespace) -> None:
-    """One sentence when an option needs one token grid throughout and ``model`` has stages (Swin, PiT, …);
-    --html works for them (the page draws each layer at its own grid)."""
-    if model.adapter.layouts is None:
-        return
-    if args.rollout:
-        raise UsageError(f"{model.public_name} has stages with a different set of tokens each, so attention cannot "
-                         "be multiplied through its layers: --rollout is not defined for it. Nothing was exported.")
-
-
 def plan(images: list[str]) -> list[tuple[str, str]]:
     """Each input with the stem of its outputs; two inputs named alike get ``stem``, ``stem_``, …"""
     planned, used = [], set()
@@ -146,7 +136,6 @@ def export(args: argparse.Namespace) -> int:
     planned = plan(args.images)
     check_inputs_kept(planned, Path(args.out), args)  # x_overlay.png among the inputs stays as it is
     model = load_model_from(args, "Nothing was exported.")
-    check_staged_options(model, args)
     out = output_folder(args.out)
     weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
     failed, done = 0, 0

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from . import models
-from .errors import ModelError
+from .errors import AttnvizError, ModelError
 
 FIT_HELP = "non-square photos: crop (default) or squash"
 
@@ -70,11 +70,12 @@ def say(error: object, code: int) -> int:
 
 
 def run_command(run: Callable[[argparse.Namespace], int], args: argparse.Namespace, interrupted: str) -> int:
-    """``run(args)``'s exit code; a :class:`UsageError` it raises is one line and exit code 2, and Ctrl-C
+    """``run(args)``'s exit code; a :class:`UsageError` or :class:`attnviz.AttnvizError` it raises is one line and
+    exit code 2, and Ctrl-C
     that ``run`` does not answer itself (while the model loads) is the line ``interrupted`` and exit code 130."""
     try:
         return run(args)
-    except UsageError as e:
+    except (UsageError, AttnvizError) as e:  # what a model or photo cannot do: one line, never a traceback
         return say(e, 2)
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)

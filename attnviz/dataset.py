@@ -15,9 +15,8 @@ A run folder ``OUT`` holds
   :class:`attnviz.Capture` — CLS entropy (nats), mean attention distance (px of the model input),
   prefix share, the most-attended patch and the fraction of patches holding 60 % of the class
   token's mass over the patches (DINO's mass mask, :func:`attnviz.masks.mass_mask`), and the grid the
-  patch lies on (``keys_grid_h``, ``keys_grid_w``). A model with stages (a
-  :class:`~attnviz.stages.StagedCapture`) has each layer's own head count and grids there
-  (:mod:`attnviz.stage_stats` says what each statistic is for it);
+  patch lies on (``keys_grid_h``, ``keys_grid_w``). A model with stages (Swin, PiT, …) has each layer's
+  own head count and grids there (:mod:`attnviz.stage_stats` says what each statistic is);
 - ``images/part-*.parquet``: one row per image used (size, format, grid, top-5 for classifiers);
 - ``errors/part-*.parquet``: one row per file that could not be used, with the reason;
 - ``captures/<digest>.*`` with ``--store qk``: each image's exact compact capture.
@@ -60,11 +59,9 @@ from .capture import Capture, capture
 from .images import MAX_BYTES as MAX_PHOTO_BYTES
 from .images import ImageError
 from .photos import read_photo
-from .masks import DEFAULT_MASS, mass_mask
+from .masks import DEFAULT_MASS
 from .models import Fit, Model, load_model
-from .stage_stats import staged_head_values
-from .stages import StagedCapture
-from .stats import head_stats
+from .stage_stats import head_values as layer_head_values
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 TABLES = ("heads", "images", "errors")
@@ -164,36 +161,10 @@ def read_items(paths: Sequence[str]) -> list[tuple[str, bytes | RunFileError]]:
 
 # --- The per-batch function ---------------------------------------------------------------------
 
-def summary_maps(cap: Capture, layer: int) -> np.ndarray:
-    """(H, h, w): every head's one-picture summary of ``layer`` — the class token's row over the patches
-    (one ``layer_rows`` call for all heads, the same numbers as ``cls_map``), or, for a model without a
-    class token, the capture's own stated alternative (``summary_map``)."""
-    if getattr(cap, "has_class_token", True):
-        rows = cap.layer_rows(layer, 0).cpu().numpy()  # (H, N): the class token's row in every head
-        return rows[:, cap.num_prefix_tokens :].reshape(cap.num_heads, *cap.grid)
-    return np.stack([cap.summary_map(layer, head) for head in range(cap.num_heads)])
-
-
-def head_values(cap: Capture | StagedCapture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarray]:
-    """Per (layer, head), flattened in that order: the statistics of one image's capture, each (L · H,)
-    (Σ_l H_l for a model with stages: each layer at its own grids, :mod:`attnviz.stage_stats`)."""
-    if isinstance(cap, StagedCapture):
-        return staged_head_values(cap, mass)
-    stats = head_stats(cap)  # entropy, distance, prefix share: (L, H)
-    shape = (cap.num_layers, cap.num_heads)
-    top = np.zeros(shape, dtype=np.int32)
-    held = np.zeros(shape, dtype=np.float64)
-    for layer in range(cap.num_layers):
-        for head, grid_map in enumerate(summary_maps(cap, layer)):  # (h, w) each
-            top[layer, head] = int(np.argmax(grid_map))  # raster order: row · w + column
-            held[layer, head] = mass_mask(grid_map, mass).count / grid_map.size
-    layers, heads = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
-    return {
-        "layer": layers.ravel().astype(np.int32), "head": heads.ravel().astype(np.int32),
-        "entropy": stats.entropy.ravel(), "distance_px": stats.distance.ravel(),
-        "prefix_share": stats.prefix_share.ravel(), "top_patch": top.ravel(), "mass60_fraction": held.ravel(),
-        "keys_grid_h": np.full(top.size, cap.grid[0], np.int32), "keys_grid_w": np.full(top.size, cap.grid[1], np.int32),
-    }
+def head_values(cap: Capture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarray]:
+    """Per (layer, head), flattened in that order: the statistics of one image's capture, each (Σ_l H_l,): each
+    layer at its own grids with its own heads (:mod:`attnviz.stage_stats`)."""
+    return layer_head_values(cap, mass)
 
 
 def _error_record(path: str, digest: str | None, key: str, message: str, values: dict) -> dict:
@@ -236,7 +207,7 @@ def analyse(
             rows.append(_error_record(path, digest, "unusable", f"{path}: {e}.", {"name": path, "reason": str(e)}))
             continue
         top = model.top_classes(cap.output)
-        grid = cap.grid(0) if isinstance(cap, StagedCapture) else cap.grid  # with stages: the first layer's
+        grid = cap.grid  # the first layer's
         if save is not None and captures is not None:
             save(cap, captures / f"{digest}.npz", path, checked.image.size)
         rows.append({
@@ -593,9 +564,6 @@ def _stored_capture(path: Path, model: Model) -> Capture | None:
         cap = load_capture(path)
     except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
         return None
-    if isinstance(cap, StagedCapture):
-        fits = [(lay.grid, lay.keys_grid, lay.num_heads) for lay in cap.layouts] == [
-            (lay.grid, lay.keys_grid, lay.num_heads) for lay in model.adapter.layouts or ()]
-    else:
-        fits = tuple(cap.grid) == tuple(model.grid)
+    fits = [(lay.grid, lay.keys_grid, lay.num_heads) for lay in cap.layouts] == [
+        (lay.grid, lay.keys_grid, lay.num_heads) for lay in model.layouts]
     return cap if fits and cap.input.shape[-1] == model.size else None

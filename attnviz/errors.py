@@ -35,6 +35,11 @@ class NoClassTokenError(AttnvizError, ValueError):
     """The model has no class token, so there is no class-token row to show."""
 
 
+class LayoutError(AttnvizError, ValueError):
+    """What was asked of a capture is not defined for this model's token layout (e.g. a product of matrices
+    across a change of grid); the sentence names what the model has."""
+
+
 class ImageError(AttnvizError, ValueError):
     """The file is not an image we can use.
 

@@ -9,11 +9,13 @@ equal a fresh capture's:
   plain NumPy arrays (540 MB at 518 px in float32, half in float16).
 
 The capture is saved generically, field by field (``dataclasses.fields``): tensors become arrays of
-the same name, a tuple of per-layer tensors (a :class:`~attnviz.stages.StagedCapture`'s queries and
-keys, one grid per stage) arrays ``name.0``, ``name.1``, …, everything else goes into the JSON
-``meta`` entry (a layer's layout with its small window tables as lists). Fields added to either
-capture later round-trip without this module knowing them. A staged capture's ``"full"`` export has
-one ``attention.<l>`` (H, Nq, Nk) per layer, as its layers differ in size.
+the same name, a tuple of per-layer tensors (the queries and keys, (H, W, T, d_k) per layer) arrays
+``name.0``, ``name.1``, …, everything else goes into the JSON ``meta`` entry (a layer's layout with its
+small window tables as lists). Fields added to the capture later round-trip without this module knowing
+them. Where the layers share one token set and head count (a plain ViT) the ``"full"`` export's
+``attention`` is one (L, H, N, N) array; otherwise one ``attention.<l>`` (H, Nq, Nk) per layer. Files of
+attnviz before the one capture type (a plain ViT's with (L, H, N, d_k) queries; a model with stages, whose
+fields were already these) load as they are.
 
 Nothing is compressed (``savez_compressed`` spent 20 s to save 7.5 % at 518 px), and ``attention``
 is written layer by layer straight into the zip, so memory holds one layer, never all of them.
@@ -38,7 +40,6 @@ import attnviz.atomic as atomic
 from .errors import ExportError
 from ._version import __version__
 from .capture import Capture
-from .stages import StagedCapture
 
 FORMATS = ("full", "qk")
 DTYPES = ("float32", "float16")
@@ -125,19 +126,16 @@ def describe(
 
 # ---- Capture ↔ plain values, generically ----
 
-def _tokens(cap: Capture | StagedCapture) -> dict:
+def _tokens(cap: Capture) -> dict:
     """Which token each row and column of the attention is."""
-    if isinstance(cap, StagedCapture):
-        return {
-            "layers": [{"stage": lay.stage, "block": lay.block, "grid": list(lay.grid), "key_grid": list(lay.keys_grid),
-                        "prefix": lay.prefix, "key_prefix": lay.num_key_prefix, "windows": lay.num_windows,
-                        "heads": lay.num_heads} for lay in cap.layouts],
-            "order": "per layer: its prefix tokens followed by its grid's cells in raster order; the queries of "
-                     "window w are capture.values.layouts[l].windows[w], its keys .key_windows[w] (or the same)",
-        }
     return {
         "grid": list(cap.grid), "num_prefix_tokens": cap.num_prefix_tokens, "num_tokens": cap.num_tokens,
-        "order": "prefix tokens (class token first, then registers) followed by the h × w patches in raster order",
+        "layers": [{"stage": lay.stage, "block": lay.block, "grid": list(lay.grid), "key_grid": list(lay.keys_grid),
+                    "prefix": lay.prefix, "key_prefix": lay.num_key_prefix, "windows": lay.num_windows,
+                    "heads": lay.num_heads} for lay in cap.layouts],
+        "order": "per layer: its prefix tokens (class token first, then registers) followed by its grid's cells in "
+                 "raster order; the queries of window w are capture.values.layouts[l].windows[w], its keys "
+                 ".key_windows[w] (or the same)",
     }
 
 
@@ -173,16 +171,13 @@ def _decode(value: Any) -> Any:
     return value
 
 
-CAPTURES = {"Capture": Capture, "StagedCapture": StagedCapture}
-
-
 def _is_tensors(value: Any) -> bool:
-    """A per-layer tuple of tensors (None for a layer without one), as a StagedCapture holds them."""
+    """A per-layer tuple of tensors (None for a layer without one), as a capture holds them."""
     return (isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value)
             and all(v is None or isinstance(v, torch.Tensor) for v in value))
 
 
-def _split(cap: Capture | StagedCapture) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str]]:
+def _split(cap: Capture) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, str]]:
     """(tensor and array fields as arrays, other fields as JSON-ready values, each array's kind: torch/numpy)."""
     arrays, values, kinds = {}, {}, {}
     for f in dataclasses.fields(cap):
@@ -242,13 +237,13 @@ def _layers(cap: Capture, dtype: np.dtype) -> Iterator[np.ndarray]:
             del current
 
 
-def _write_attention(zf: zipfile.ZipFile, cap: Capture | StagedCapture, dtype: np.dtype) -> None:
-    if isinstance(cap, StagedCapture):  # one (H, Nq, Nk) array per layer: the layers differ in size
+def _write_attention(zf: zipfile.ZipFile, cap: Capture, dtype: np.dtype) -> None:
+    if not cap.uniform:  # one (H, Nq, Nk) array per layer: the layers differ in size
         for layer, weights in enumerate(_layers(cap, dtype)):
             _write_array(zf, f"attention.{layer}", weights)
         return
-    n = cap.num_tokens
-    shape = (cap.num_layers, cap.num_heads, n, n)
+    lay = cap.layouts[0]
+    shape = (cap.num_layers, lay.num_heads, lay.num_tokens, lay.num_keys)
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     with zf.open("attention.npy", "w", force_zip64=nbytes > 2**30) as f:
         f.write(_npy_header(shape, dtype))
@@ -307,11 +302,12 @@ def _export_meta(cap: Capture, format: str, dtype: str, about: dict | None) -> d
     if format == "qk" and dtype != "float32":
         raise ValueError("float16 applies to the full attention only; the queries and keys stay float32")
     arrays, values, kinds = _split(cap)
-    if isinstance(cap, StagedCapture):
+    if cap.uniform:
+        lay = cap.layouts[0]
+        where = {"array": "attention", "shape": [cap.num_layers, lay.num_heads, lay.num_tokens, lay.num_keys]}
+    else:
         where = {"arrays": [f"attention.{i}" for i in range(cap.num_layers)],
                  "shapes": [[lay.num_heads, lay.num_tokens, lay.num_keys] for lay in cap.layouts]}
-    else:
-        where = {"array": "attention", "shape": [cap.num_layers, cap.num_heads, cap.num_tokens, cap.num_tokens]}
     meta = {
         "attnviz_export": VERSION,
         "format": format,
@@ -335,9 +331,9 @@ def _write(target, cap: Capture, meta: dict, format: str, dtype: str, labels, ex
         _write_array(zf, "meta", np.array(json.dumps(meta, ensure_ascii=False, indent=1)))
         for name, array in arrays.items():
             _write_array(zf, name, array)
-        if isinstance(cap, Capture):  # for readers with NumPy alone: the token layout as arrays too
-            _write_array(zf, "grid", np.array(cap.grid))
-            _write_array(zf, "num_prefix_tokens", np.array(cap.num_prefix_tokens))
+        # for readers with NumPy alone: the first layer's token layout as arrays too
+        _write_array(zf, "grid", np.array(cap.grid))
+        _write_array(zf, "num_prefix_tokens", np.array(cap.num_prefix_tokens))
         if labels is not None:
             _write_array(zf, "labels", np.array(labels))
         for name, array in (extra or {}).items():
@@ -373,28 +369,41 @@ def _meta(z, path) -> dict:
     return meta
 
 
-def load_capture(path: str | Path, device: str | torch.device = "cpu") -> Capture | StagedCapture:
-    """The capture saved in an attnviz export (either format; a :class:`~attnviz.stages.StagedCapture` for
-    a model with stages); its weights equal the original's."""
+def _field(z, stored: dict, name: str, device) -> Any:
+    """One stored field of the capture: a per-layer tuple of tensors, a tensor or array, or a JSON value."""
+    value = stored["values"].get(name)
+    if isinstance(value, dict) and "__tensors__" in value:
+        return tuple(None if i in value["none"] else torch.from_numpy(z[f"{name}.{i}"]).to(device)
+                     for i in range(value["__tensors__"]))
+    if name in stored["tensors"]:
+        array = z[name]
+        return array if stored["tensors"][name].get("kind") == "numpy" else torch.from_numpy(array).to(device)
+    return _decode(value) if name in stored["values"] else dataclasses.MISSING
+
+
+def load_capture(path: str | Path, device: str | torch.device = "cpu") -> Capture:
+    """The capture saved in an attnviz export (either format, any version); its weights equal the original's."""
     with _open(path) as z:
         meta = _meta(z, path)
         stored = meta["capture"]
-        kind = CAPTURES.get(stored.get("type", "Capture"))
-        if kind is None:
+        if "layouts" not in stored["values"] and stored.get("type", "Capture") != "Capture":
             raise ExportError(f"{Path(path).name} holds a {stored['type']}, which this attnviz does not know.")
+        if "layouts" not in stored["values"]:  # a plain ViT's capture before the one capture type: stacked q, k
+            plain = {name: _field(z, stored, name, device) for name in (
+                "query", "key", "scale", "grid", "num_prefix_tokens", "input", "output", "seconds", "bias",
+                "has_class_token", "token_norms", "prepared")}
+            missing = [name for name in ("query", "key", "scale", "grid", "num_prefix_tokens", "input", "output")
+                       if plain[name] is dataclasses.MISSING]
+            if missing:
+                raise ExportError(f"{Path(path).name} lacks the capture's {missing[0]!r}; it was written by another "
+                                  "version.")
+            return Capture.of_tokens(**{k: v for k, v in plain.items() if v is not dataclasses.MISSING})
         kwargs = {}
-        for f in dataclasses.fields(kind):
-            value = stored["values"].get(f.name)
-            if isinstance(value, dict) and "__tensors__" in value:
-                kwargs[f.name] = tuple(None if i in value["none"] else torch.from_numpy(z[f"{f.name}.{i}"]).to(device)
-                                       for i in range(value["__tensors__"]))
-            elif f.name in stored["tensors"]:
-                array = z[f.name]
-                numpy_field = stored["tensors"][f.name].get("kind") == "numpy"
-                kwargs[f.name] = array if numpy_field else torch.from_numpy(array).to(device)
-            elif f.name in stored["values"]:
-                kwargs[f.name] = _decode(stored["values"][f.name])
+        for f in dataclasses.fields(Capture):
+            value = _field(z, stored, f.name, device)
+            if value is not dataclasses.MISSING:
+                kwargs[f.name] = value
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ExportError(
                     f"{Path(path).name} lacks the capture's {f.name!r}; it was written by another version.")
-    return kind(**kwargs)
+    return Capture(**kwargs)

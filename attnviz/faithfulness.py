@@ -32,10 +32,10 @@ import torch.nn.functional as F
 import attnviz.i18n as i18n
 import attnviz.interventions as interventions
 from .capture import Capture, Head
-from .errors import FaithfulnessError, RelevanceError
+from .errors import FaithfulnessError, LayoutError, RelevanceError
 from .lesson import fill_image, remove_patches
 from .models import Model
-from .rollout import rollout_map
+from .rollout import rollout_map, rollout_refusal
 
 Fill = Literal["token", "mean", "blur"]
 FILLS: tuple[Fill, ...] = ("token", "mean", "blur")
@@ -58,13 +58,20 @@ class Ranking:
     label: str | None = None  # the class a relevance map explains
 
 
-def rank(grid_map: np.ndarray) -> np.ndarray:
-    """(h, w) map → (P,) patch indices, largest value first; ties by raster order."""
-    return np.argsort(-np.asarray(grid_map, dtype=np.float64).ravel(), kind="stable")
+def rank(grid_map: np.ndarray, grid: tuple[int, int] | None = None) -> np.ndarray:
+    """(h, w) map → (P,) patch indices, largest value first; ties by raster order. With ``grid`` (the patches
+    removed, the photo's), a map on a coarser grid (a later stage's) first gives each patch the value of the
+    map's cell that covers it."""
+    grid_map = np.asarray(grid_map, dtype=np.float64)
+    if grid is not None and grid_map.shape != tuple(grid):
+        rows = np.arange(grid[0]) * grid_map.shape[0] // grid[0]  # the cell over each patch row
+        cols = np.arange(grid[1]) * grid_map.shape[1] // grid[1]
+        grid_map = grid_map[rows[:, None], cols[None, :]]
+    return np.argsort(-grid_map.ravel(), kind="stable")
 
 
 def attention_name(cap: Capture, layer: int, head: Head) -> str:
-    what = "attention" if cap.has_class_token else "mean attention received"
+    what = "attention" if cap.summary_kind(layer) == "cls" else "mean attention received"
     return f"{what}, layer {layer + 1}, " + ("mean of heads" if head == "mean" else f"head {int(head) + 1}")
 
 
@@ -75,27 +82,29 @@ def standard_rankings(
     head too with ``heads``), rollout, class-specific relevance (classifiers), the last layer's token
     norms, and ``random_orders`` random orders. Also the sentences for maps not available here."""
     rankings, notes = [], []
+    grid = model.grid  # the patches removed (outputs()): the photo's
     for layer in range(cap.num_layers):
-        for head in ("mean", *(range(cap.num_heads) if heads else ())):
-            rankings.append(Ranking(attention_name(cap, layer, head), "attention", rank(cap.summary_map(layer, head)),
-                                    layer, head))
-    rankings.append(Ranking("attention rollout", "rollout", rank(rollout_map(cap))))
+        for head in ("mean", *(range(cap.heads(layer)) if heads else ())):
+            rankings.append(Ranking(attention_name(cap, layer, head), "attention",
+                                    rank(cap.summary_map(layer, head), grid), layer, head))
+    if (why := rollout_refusal(cap)) is None:
+        rankings.append(Ranking("attention rollout", "rollout", rank(rollout_map(cap), grid)))
+    else:
+        notes.append(why)
     if model.labels is not None:
         from .relevance import relevance_map
 
         target = int(cap.output.argmax())
         try:
-            grid = relevance_map(model, cap, target)
-            rankings.append(Ranking(f"class-specific relevance ({model.labels[target]})", "relevance", rank(grid),
+            relevance = relevance_map(model, cap, target)
+            rankings.append(Ranking(f"class-specific relevance ({model.labels[target]})", "relevance", rank(relevance),
                                     label=model.labels[target]))
         except RelevanceError as error:
             notes.append(str(error))
-    if cap.token_norms is not None:
-        last = cap.num_layers - 1
-        norms = cap.token_norms[last, cap.num_prefix_tokens:].double().cpu().numpy()  # (P,)
-        rankings.append(Ranking(f"token norm after layer {last + 1}", "norm", rank(norms), last))
+    if (last := norm_layer(cap)) is not None:  # ranked by norm / median: the same order as by norm
+        rankings.append(Ranking(f"token norm after layer {last + 1}", "norm", rank(cap.norm_ratio(last), grid), last))
     rng = np.random.default_rng(seed)
-    patches = cap.grid[0] * cap.grid[1]
+    patches = grid[0] * grid[1]
     for i in range(random_orders):
         rankings.append(Ranking(f"random order {i + 1}", "random", rng.permutation(patches)))
     return tuple(rankings), tuple(notes)
@@ -104,11 +113,24 @@ def standard_rankings(
 def map_count(model: Model, cap: Capture, *, heads: bool = False, random_orders: int = RANDOM_ORDERS) -> int:
     """How many rankings :func:`standard_rankings` gives, without computing them (relevance costs a backward
     pass): what the page says before the button is pressed."""
-    attention = cap.num_layers * (1 + (cap.num_heads if heads else 0))
+    attention = sum(1 + (cap.heads(layer) if heads else 0) for layer in range(cap.num_layers))
     # what relevance_map and class_relevance refuse before any computing (the target class is always in range)
     relevance = (model.labels is not None and cap.has_class_token
                  and model.adapter.eager_refusal(model.network) is None)
-    return attention + 1 + relevance + (cap.token_norms is not None) + random_orders
+    rollout = rollout_refusal(cap) is None
+    return attention + rollout + relevance + (norm_layer(cap) is not None) + random_orders
+
+
+def norm_layer(cap: Capture) -> int | None:
+    """The last layer whose output tokens lie on its grid (their norms rank the patches), or None."""
+    if not cap.token_norms:
+        return None
+    last = cap.num_layers - 1
+    try:
+        cap.norm_ratio(last)
+    except LayoutError:
+        return None
+    return last
 
 
 def planned_inputs(maps: int, steps: int = STEPS) -> int:
@@ -321,7 +343,7 @@ def faithfulness(
     notes: tuple[str, ...] = ()
     if rankings is None:
         rankings, notes = standard_rankings(model, cap, heads=heads, random_orders=random_orders, seed=seed)
-    num_patches = cap.grid[0] * cap.grid[1]
+    num_patches = model.grid[0] * model.grid[1]  # what outputs() removes: the photo's patches
     removed = steps_removed(num_patches, steps)
 
     # Every input as the set of patches it removes; identical sets are run once.

@@ -44,7 +44,7 @@ import attnviz.atomic as atomic
 import attnviz.i18n as i18n
 from .capture import Capture, Head
 from .errors import AttnvizError
-from .rollout import rollout_map
+from .rollout import rollout_layers, rollout_map
 
 VIEWS = ("cls", "rollout", "heads")
 FORMATS = ("svg", "pdf", "png")
@@ -92,10 +92,11 @@ def _check(cap: Capture, layers: Sequence[int], heads: Sequence[Head], views: Se
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cap.num_layers:
             raise FigureError(f"layer {layer!r} is not one of this model's layers (1…{cap.num_layers} on the page, "
                               f"0…{cap.num_layers - 1} in the library).")
+    fewest = min((cap.heads(layer) for layer in layers), default=cap.num_heads)  # every layer named has these
     for head in heads:
         if not (head in ("mean", "max", "min") or (isinstance(head, (int, np.integer)) and not isinstance(head, bool)
-                                                   and 0 <= head < cap.num_heads)):
-            raise FigureError(f"head {head!r} is not mean, max, min or one of this model's {cap.num_heads} heads.")
+                                                   and 0 <= head < fewest)):
+            raise FigureError(f"head {head!r} is not mean, max, min or one of the {fewest} heads of the layers named.")
     if ("cls" in views or "heads" in views) and not layers:
         raise FigureError("name at least one layer for the cls and heads views.")
     if "cls" in views and not heads:
@@ -122,7 +123,7 @@ def panels(cap: Capture, layers: Sequence[int] = (), heads: Sequence[Head] = ("m
                 title = i18n.text(lang, "figure.cls_title", layer=layer + 1, head=_head_name(head, lang))
                 top.append(Panel("cls", values, title, layer, head, float(values.min()), float(values.max())))
     if "rollout" in views:
-        first, last, fusion, discard = rollout or (0, cap.num_layers - 1, "mean", 0.0)
+        first, last, fusion, discard = rollout or (*rollout_layers(cap), "mean", 0.0)
         values = rollout_map(cap, first, last, fusion, discard)
         title = i18n.text(lang, "figure.rollout_title", first=first + 1, last=last + 1, head=_head_name(fusion, lang))
         if discard:
@@ -131,7 +132,7 @@ def panels(cap: Capture, layers: Sequence[int] = (), heads: Sequence[Head] = ("m
     block: list[tuple[Panel, ...]] = []
     if "heads" in views:
         for layer in layers:
-            maps = [(h, cap.summary_map(layer, h)) for h in [*range(cap.num_heads), "mean"]]
+            maps = [(h, cap.summary_map(layer, h)) for h in [*range(cap.heads(layer)), "mean"]]
             lo = float(min(m.min() for _, m in maps))
             hi = float(max(m.max() for _, m in maps))
             block.append(tuple(

@@ -10,7 +10,7 @@ What it holds, per layer and head choice (head 1…H, mean, max, min; K = H + 3)
   (float32). A shown colour is exactly the colour :func:`attnviz.render.overlay` draws, and a shown
   number lo + q / 255 · (hi − lo) is within (hi − lo) / 510 of the weight.
 
-A model with stages (a :class:`~attnviz.stages.StagedCapture`: Swin, PiT, LeViT, …) gets the same page
+A model whose layers differ in grid, heads or windows (Swin, PiT, LeViT, …: not :attr:`Capture.uniform`) gets the same page
 with every layer at its own grid: the Layer control names (stage, block), the map is drawn at that
 layer's keys' grid and a click picks a cell of its query grid (:mod:`attnviz.html_stages` holds what
 differs).
@@ -36,7 +36,6 @@ import attnviz.render as render
 from ._version import __version__
 from .capture import Capture, fuse_heads
 from .softmax import HEAD_FUSIONS
-from .stages import StagedCapture
 
 ALL_ROWS_BYTES = 8_000_000  # every query's rows up to this many raw bytes (224 px: 7.1 MB → ~5 MB page)
 GZIP_LEVEL = 6  # level 9 saves 1 % more and takes three times as long
@@ -54,9 +53,9 @@ def summary_map(cap: Capture, layer: int, head) -> np.ndarray:
     return cap.summary_map(layer, head)
 
 
-def all_rows_bytes(cap: Capture | StagedCapture) -> int:
+def all_rows_bytes(cap: Capture) -> int:
     """Raw size of every query token's quantised rows: L · K · N · P bytes (staged: each layer's window rows)."""
-    if isinstance(cap, StagedCapture):
+    if not cap.uniform:
         return html_stages.all_rows_bytes(cap)
     h, w = cap.grid
     return cap.num_layers * (cap.num_heads + 3) * cap.num_tokens * h * w
@@ -65,7 +64,7 @@ def all_rows_bytes(cap: Capture | StagedCapture) -> int:
 def estimated_mb(cap: Capture) -> float:
     """About how large :func:`page` will be, in MB, without building it (gzip keeps ~57 % of the rows)."""
     rows = all_rows_bytes(cap)
-    if isinstance(cap, StagedCapture):
+    if not cap.uniform:
         rows = html_stages.summary_bytes(cap) + (rows if rows <= ALL_ROWS_BYTES else 0)
     elif rows > ALL_ROWS_BYTES:  # the class token's rows only
         h, w = cap.grid
@@ -115,7 +114,7 @@ class _Blob:
         self.buffer.write(array.tobytes())
 
 
-def _staged_payload(blob: _Blob, cap: StagedCapture, all_rows: bool) -> None:
+def _staged_payload(blob: _Blob, cap: Capture, all_rows: bool) -> None:
     """Each layer's arrays under ``name.{layer}``: its grid, head count and windows are its own."""
     for layer in range(cap.num_layers):
         levels, lo, hi = _quantise(html_stages.summary_rows(cap, layer))  # (K, P), (K,), (K,)
@@ -132,12 +131,12 @@ def _staged_payload(blob: _Blob, cap: StagedCapture, all_rows: bool) -> None:
             blob.add(f"keys.{layer}", lay.keys.cpu().numpy().astype(np.int32))  # (W, Tk) key tokens
 
 
-def payload(cap: Capture | StagedCapture, all_rows: bool | None = None) -> tuple[bytes, dict]:
+def payload(cap: Capture, all_rows: bool | None = None) -> tuple[bytes, dict]:
     """(gzip bytes, index {name: [offset, dtype, shape]}) of the quantised maps."""
     blob = _Blob()
     if all_rows is None:
         all_rows = all_rows_bytes(cap) <= ALL_ROWS_BYTES
-    if isinstance(cap, StagedCapture):
+    if not cap.uniform:
         _staged_payload(blob, cap, all_rows)
         return gzip.compress(blob.buffer.getvalue(), GZIP_LEVEL, mtime=0), blob.index
     levels, lo, hi = _quantise(_summary_rows(cap))  # (L, K, P), (L, K), (L, K)
@@ -177,7 +176,7 @@ def _picture(cap: Capture, picture: Image.Image | None) -> Image.Image:
     return cap.prepared.picture(cap.input)
 
 
-def _staged_facts(cap: StagedCapture, strings: dict, view: Image.Image, fit: str, lang: str) -> list[tuple[str, str]]:
+def _staged_facts(cap: Capture, strings: dict, view: Image.Image, fit: str, lang: str) -> list[tuple[str, str]]:
     firsts = [cap.layout(s[0]) for s in cap.stages]
     h, w = firsts[0].grid
     return [
@@ -190,7 +189,7 @@ def _staged_facts(cap: StagedCapture, strings: dict, view: Image.Image, fit: str
 
 
 def page(
-    cap: Capture | StagedCapture,
+    cap: Capture,
     lang: str = i18n.DEFAULT,
     *,
     source: str | None = None,
@@ -210,7 +209,7 @@ def page(
     """
 
     strings = _strings(lang)
-    staged = isinstance(cap, StagedCapture)
+    staged = not cap.uniform
     if staged and any(cap.summary_kind(layer) == "cls" for layer in range(cap.num_layers)):
         strings = {**strings, "query_mean_received": strings["query_mean_received_block"]}  # some blocks have one
     elif not cap.has_class_token:  # the start map is the mean attention received, and must say so
@@ -246,7 +245,7 @@ def page(
             (strings["fact_tokens"], strings["fact_tokens_value"].format(
                 n=cap.num_tokens, prefix=cap.num_prefix_tokens, patches=h * w)),
             (strings["fact_layers"], strings["fact_layers_value"].format(
-                layers=cap.num_layers, heads=cap.num_heads, dk=cap.query.shape[-1])),
+                layers=cap.num_layers, heads=cap.num_heads, dk=cap.layouts[0].head_dim)),
         ]
     if source:
         facts.insert(0, (strings["fact_source"], source))
@@ -299,7 +298,6 @@ def notebook_html(cap: Capture, lang: str = i18n.DEFAULT, **kwargs) -> str:
 # Jupyter shows a capture as the interactive page `show` gives. The drawing side attaches the display
 # (BertViz's split: a capture is plain data and does not know how it is drawn).
 Capture._repr_html_ = notebook_html
-StagedCapture._repr_html_ = notebook_html
 
 
 class Page:

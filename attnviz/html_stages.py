@@ -1,4 +1,4 @@
-"""The interactive page's data for a model with stages (Swin, PiT, LeViT, …): every layer at its own grid.
+"""The interactive page's data for a model whose layers differ (Swin, PiT, LeViT, …): every layer at its own grid.
 
 What it holds, per layer l and head choice k (head 1…H_l, mean, max, min; K_l = H_l + 3):
 - the summary map at the layer's keys' grid (P_l = h_l · w_l keys): (K_l, P_l) levels, each between its
@@ -8,7 +8,7 @@ What it holds, per layer l and head choice k (head 1…H_l, mean, max, min; K_l 
   (W_l, Tk_l) as int32. The page lays a row on the keys' grid, zero outside the window. Each row is
   quantised between its smallest and largest weight over the whole keys' grid (0 is one of them where
   the window does not cover the grid), so a colour is the colour :func:`attnviz.render.overlay` draws
-  for :meth:`StagedCapture.query_map`, and the numbers are as exact as a plain page's.
+  for :meth:`Capture.query_map`, and the numbers are as exact as a plain page's.
 
 A layer whose queries are only prefix tokens (class attention: CaiT, XCiT, VOLO's last blocks) has
 no patch to click; the page says so in one sentence.
@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from .softmax import HEAD_FUSIONS, fuse_heads
-from .stages import LayerLayout, StagedCapture, mean_received
+from .capture import Capture
+from .stages import LayerLayout, mean_received
 
 
 def head_choices(num_heads: int) -> list:
@@ -38,26 +39,26 @@ def layer_rows_bytes(lay: LayerLayout) -> int:
     return (lay.num_heads + 3) * lay.windows.numel() * lay.keys.shape[1]
 
 
-def all_rows_bytes(cap: StagedCapture) -> int:
+def all_rows_bytes(cap: Capture) -> int:
     return sum(layer_rows_bytes(lay) for lay in cap.layouts)
 
 
-def summary_bytes(cap: StagedCapture) -> int:
+def summary_bytes(cap: Capture) -> int:
     return sum((lay.num_heads + 3) * lay.keys_grid[0] * lay.keys_grid[1] for lay in cap.layouts)
 
 
-def summary_rows(cap: StagedCapture, layer: int) -> torch.Tensor:
+def summary_rows(cap: Capture, layer: int) -> torch.Tensor:
     """(K, P) float32: layer ``layer``'s summary map for every head choice."""
-    heads = head_choices(cap.num_heads(layer))
+    heads = head_choices(cap.heads(layer))
     if cap.summary_kind(layer) == "cls":
         maps = [cap.summary_map(layer, h) for h in heads]
-    else:  # StagedCapture.mean_received_map, with the layer's window weights computed once, not once a head choice
+    else:  # Capture.mean_received_map, with the layer's window weights computed once, not once a head choice
         weights = cap.window_weights(layer).transpose(0, 1)  # (H, W, Tq, Tk)
         maps = [mean_received(cap.layout(layer), fuse_heads(weights, h)) for h in heads]
     return torch.stack([torch.from_numpy(np.ascontiguousarray(m)).reshape(-1).float() for m in maps])
 
 
-def window_rows(cap: StagedCapture, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def window_rows(cap: Capture, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(levels (K, W, Tq, Tk) uint8, lo (K, W, Tq), hi (K, W, Tq)): every query's row inside its window,
     quantised between the row's smallest and largest weight on the keys' grid."""
     lay = cap.layout(layer)
@@ -79,7 +80,7 @@ def window_rows(cap: StagedCapture, layer: int) -> tuple[np.ndarray, np.ndarray,
     return levels.numpy(), lo.numpy(), hi.numpy()
 
 
-def meta(cap: StagedCapture, rows: bool) -> list[dict]:
+def meta(cap: Capture, rows: bool) -> list[dict]:
     """Each layer's place and grids for the page's script (1-based stage and block, as a person counts)."""
     out = []
     for layer, lay in enumerate(cap.layouts):

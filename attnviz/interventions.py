@@ -32,8 +32,9 @@ def refusal(model: Model) -> str | None:
     """Why this model cannot be run in pieces (one sentence), or None when it can."""
     network = model.network
     if not isinstance(network, VisionTransformer):
-        return (f"{model.public_name} is not a timm Vision Transformer, so token removal and head ablation are "
-                "not available for it (the mean-colour and blur fills are).")
+        return (f"{model.public_name} is a {model.adapter.family} model, whose blocks attnviz does not yet run one at "
+                "a time, so token removal and head ablation are not available for it (the mean-colour and blur fills "
+                "are).")
     for block in network.blocks:
         if type(block).forward is not Block.forward or type(block.attn).forward is not Attention.forward:
             return (f"{model.public_name}'s {type(block.attn).__name__} ties each attention logit to a token's place "

@@ -23,6 +23,7 @@ from PIL import Image
 
 from . import interventions
 from .capture import Capture, Head
+from .neuron import window_pair
 from .models import Model
 
 Fill = Literal["mean", "blur"]
@@ -156,28 +157,29 @@ class PairScore:
     weight: float  # exp / exp_sum
 
 
-def token_index(cap: Capture, row: int, col: int) -> int:
-    """The token number of the patch at grid cell (row, col): prefix tokens come first, then raster order."""
-    h, w = cap.grid
+def token_index(cap: Capture, row: int, col: int, layer: int = 0) -> int:
+    """The token number of the patch at cell (row, col) of layer ``layer``'s grid: prefix tokens come first,
+    then raster order."""
+    lay = cap.layout(layer)
+    h, w = lay.grid
     if not (0 <= row < h and 0 <= col < w):
         raise IndexError(f"patch ({row}, {col}) is outside the {h} × {w} grid")
-    return cap.num_prefix_tokens + row * w + col
+    return lay.prefix + row * w + col
 
 
 def pair_score(cap: Capture, layer: int, head: int, query: int, key: int) -> PairScore:
-    """Recompute one attention weight from the captured q and k vectors, step by step."""
-    cap._check(layer, query)
-    if not 0 <= key < cap.num_tokens:
-        raise IndexError(f"key token {key} is outside 0…{cap.num_tokens - 1}")
-    q = cap.query[layer, head, query].double().cpu().numpy()  # (d_k,)
-    k = cap.key[layer, head].double().cpu().numpy()  # (N, d_k)
-    scaled_row = (k @ q) * cap.scale  # (N,)
+    """Recompute one attention weight from the captured q and k vectors, step by step (inside the query's
+    window, where the layer has windows)."""
+    window, i, j = window_pair(cap, layer, head, query, key)
+    q = window.query[head, i].double().cpu().numpy()  # (d_k,)
+    k = window.key[head].double().cpu().numpy()  # (Tk, d_k)
+    scaled_row = window.logits(head)[i]  # (Tk,): q · k · scale (+ bias, where the layer has one)
     # e^s can overflow for large scores; shift by the row max for the sum and shift back (in log space).
     top = scaled_row.max()
     log_sum = top + math.log(np.exp(scaled_row - top).sum())
-    scaled = float(scaled_row[key])
+    scaled = float(scaled_row[j])
     return PairScore(
-        layer=layer, head=head, query=query, key=key, dot=float(k[key] @ q), scale=float(cap.scale),
+        layer=layer, head=head, query=query, key=key, dot=float(k[j] @ q), scale=float(window.scale),
         scaled=scaled, exp=math.exp(min(scaled, 709.0)), exp_sum=math.exp(min(log_sum, 709.0)),
         weight=math.exp(scaled - log_sum),
     )
@@ -316,7 +318,8 @@ def perturbation(
     """
     if not 1 <= steps <= 20 or not 0 < max_fraction <= 1 or repeats < 1:
         raise ValueError("need 1 ≤ steps ≤ 20, 0 < max_fraction ≤ 1 and repeats ≥ 1")
-    grid, patch = cap.grid, model.patch
+    grid = cap.map_grid(layer)  # the cells of the map that ranks them: a stage's own grid in a model with stages
+    patch = cap.input.shape[-1] // grid[1]
     num_patches = grid[0] * grid[1]
     order = np.argsort(-cap.summary_map(layer, head).ravel(), kind="stable")  # (P,) most attended first
     rng = np.random.default_rng(seed)

@@ -88,7 +88,7 @@ def heatmap_frame(image: Image.Image, settings: LiveSettings,
     else:
         cap = capture_tensor(model, x, between_layers)
         layer = min(settings.layer, cap.num_layers - 1)  # a kept choice from a deeper model
-        heads = cap.num_heads(layer) if callable(cap.num_heads) else cap.num_heads  # a staged model's vary by layer
+        heads = cap.heads(layer)  # a model with stages has its own count at each layer
     head = settings.head if isinstance(settings.head, str) or settings.head < heads else "mean"
     if rows is not None:
         grid_map = patch_grid(fuse_heads(rows[layer], head).numpy(), model.grid, model.num_prefix_tokens)

@@ -33,6 +33,7 @@ import attnviz.offline as offline
 import attnviz.weightfiles as weightfiles
 from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
 from .errors import HubUnavailable, ModelError
+from .stages import LayerLayout, global_layout
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,15 @@ class Model:
     @property
     def depth(self) -> int:
         return self.adapter.depth
+
+    @property
+    def layouts(self) -> tuple[LayerLayout, ...]:
+        """Each layer's tokens at this size, as its captures will have them (:attr:`attnviz.Capture.layouts`)."""
+        if self.adapter.layouts is not None:
+            return self.adapter.layouts
+        a, tokens = self.adapter, torch.arange(self.num_tokens)[None]
+        return tuple(global_layout(layer, self.grid, self.size // self.grid[1], a.num_heads, a.head_dim, a.scale,
+                                   a.num_prefix_tokens, a.has_class_token, tokens) for layer in range(a.depth))
 
     @property
     def num_heads(self) -> int:

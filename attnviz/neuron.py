@@ -7,7 +7,8 @@ For layer l, head h, query token i and key token j of a capture:
 
 with q and k exactly the vectors the model's softmax used (after q_norm / k_norm and, in RoPE models,
 after the rotation: :class:`attnviz.Capture`), and B the additive bias of relative-position models
-(0 elsewhere). Everything in float64, so the sum of the product strip is the dot product to the last
+(0 elsewhere). In a windowed layer (Swin) the softmax runs over the query's window only, so the key
+must lie in it. Everything in float64, so the sum of the product strip is the dot product to the last
 digit a page shows.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capture import Capture
+from .capture import Capture, Window
+from .errors import LayoutError
 
 
 @dataclass(frozen=True)
@@ -34,26 +36,35 @@ class NeuronPair:
     bias: float  # B_ij, 0.0 without a bias
     logit: float  # dot · scale + bias
     weight: float  # softmax over all N keys
-    num_tokens: int
+    num_tokens: int  # the keys the softmax runs over: N, or the window's
+
+
+def window_pair(cap: Capture, layer: int, head: int, query: int, key: int) -> tuple[Window, int, int]:
+    """(the window holding query token ``query`` at ``layer``, its row, ``key``'s column in it): a weight is the
+    softmax of one q · k only between a query and a key of the same window."""
+    lay = cap.layout(layer)
+    if not 0 <= key < lay.num_keys:
+        raise IndexError(f"key token {key} is outside 0…{lay.num_keys - 1}")
+    if not 0 <= head < lay.num_heads:
+        raise IndexError(f"head {head} is outside 0…{lay.num_heads - 1}")
+    window = cap.window(layer, query)
+    column = np.flatnonzero(window.keys == key)
+    if not len(column):
+        raise LayoutError(f"at layer {layer + 1} token {query} attends only inside its window of {len(window.keys)} "
+                          f"tokens, which does not hold token {key}: their weight is 0; pick a key inside the window")
+    return window, window.row(query), int(column[0])
 
 
 def neuron_pair(cap: Capture, layer: int, head: int, query: int, key: int) -> NeuronPair:
-    """Every number between q_i, k_j and the weight A_ij of one head (0-based indices)."""
-    cap._check(layer, query)
-    if not 0 <= key < cap.num_tokens:
-        raise IndexError(f"key token {key} is outside 0…{cap.num_tokens - 1}")
-    if not 0 <= head < cap.num_heads:
-        raise IndexError(f"head {head} is outside 0…{cap.num_heads - 1}")
-    q = cap.query[layer, head, query].double().cpu().numpy()  # (d_k,)
-    keys = cap.key[layer, head].double().cpu().numpy()  # (N, d_k)
-    logits = keys @ q * cap.scale  # (N,)
-    bias = 0.0
-    if cap.bias is not None:
-        row = cap.bias[layer, head, query].double().cpu().numpy()  # (N,)
-        logits = logits + row
-        bias = float(row[key])
+    """Every number between q_i, k_j and the weight A_ij of one head (0-based indices), inside the window that
+    holds query ``query`` (every token, in a plain ViT)."""
+    window, i, j = window_pair(cap, layer, head, query, key)
+    q = window.query[head, i].double().cpu().numpy()  # (d_k,)
+    k = window.key[head, j].double().cpu().numpy()
+    logits = window.logits(head)[i]  # (Tk,): over the window's keys
+    bias = 0.0 if window.bias is None else float(window.bias[head, i, j])
     top = logits.max()
     log_sum = top + math.log(np.exp(logits - top).sum())
-    product = q * keys[key]
-    return NeuronPair(layer, head, query, key, q, keys[key].copy(), product, float(product.sum()), float(cap.scale),
-                      bias, float(logits[key]), math.exp(logits[key] - log_sum), cap.num_tokens)
+    product = q * k
+    return NeuronPair(layer, head, query, key, q, k, product, float(product.sum()), float(window.scale),
+                      bias, float(logits[j]), math.exp(logits[j] - log_sum), len(window.keys))

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
+import torch
 
 from .capture import Capture
+from .errors import LayoutError
 
 Method = Literal["pca", "umap", "tsne"]
 Normalize = Literal["attentionviz", "none"]
@@ -239,42 +241,63 @@ def _captures(caps: Capture | Sequence[Capture]) -> list[Capture]:
         raise ValueError("a Q/K map needs at least one capture")
     if len(caps) > MAX_PHOTOS:
         raise ValueError(f"a Q/K map takes at most {MAX_PHOTOS} photos, not {len(caps)}")
-    first = caps[0]
+    first = _shape(caps[0])
     for cap in caps[1:]:
-        if cap.query.shape != first.query.shape or tuple(cap.grid) != tuple(first.grid):
+        if _shape(cap) != first:
             raise ValueError("the captures of one Q/K map must come from the same model at the same input size")
     return caps
 
 
+def _shape(cap: Capture) -> tuple:
+    """What captures of one Q/K map must share: the input size and every layer's tokens and heads."""
+    return (tuple(cap.input.shape), tuple((lay.grid, lay.keys_grid, lay.prefix, lay.num_key_prefix, lay.num_heads,
+                                           lay.head_dim) for lay in cap.layouts))
+
+
 def _check_head(cap: Capture, layer: int, head: int) -> None:
-    for name, value, count in (("layer", layer, cap.num_layers), ("head", head, cap.num_heads)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < count:
-            raise IndexError(f"{name} must be a whole number 0…{count - 1} (0-based), not {value!r}")
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cap.num_layers:
+        raise IndexError(f"layer must be a whole number 0…{cap.num_layers - 1} (0-based), not {layer!r}")
+    count = cap.heads(layer)
+    if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < count:
+        raise IndexError(f"head must be a whole number 0…{count - 1} (0-based), not {head!r}")
+
+
+def mappable(cap: Capture, layer: int) -> bool:
+    """Whether layer ``layer``'s queries and keys are one set of tokens that all attend to each other (one window
+    of every token, keys not pooled) with one softmax per head: what a map of its points shows."""
+    return cap.layout(layer).is_global and cap.plain_softmax(layer)
+
+
+def _window(cap: Capture, layer: int, head: int):
+    _check_head(cap, layer, head)
+    lay = cap.layout(layer)
+    if not lay.is_global:
+        how = (f"inside {lay.num_windows} windows of {lay.windows.shape[1]} tokens" if lay.num_windows > 1
+               else "over keys pooled onto another grid" if lay.keys_grid != lay.grid or lay.key_windows is not None
+               else "with only some of its tokens as queries")
+        maps = [str(layer + 1) for layer in range(cap.num_layers) if mappable(cap, layer)]
+        where = f" (this model's layers {', '.join(maps[:4])}{', …' if len(maps) > 4 else ''} have)" if maps else ""
+        raise LayoutError(f"layer {layer + 1} attends {how}, so its queries and keys are not one set of points that "
+                          f"attend to each other; the Q/K map needs a layer with global attention{where}")
+    return cap.window(layer, 0)
 
 
 def head_vectors(cap: Capture, layer: int, head: int) -> tuple[np.ndarray, np.ndarray]:
     """(N, d_k), (N, d_k) float64: exactly the capture's queries and keys of one head."""
-    _check_head(cap, layer, head)
-    return (cap.query[layer, head].detach().cpu().double().numpy(),
-            cap.key[layer, head].detach().cpu().double().numpy())
-
-
-def _logits(cap: Capture, layer: int, head: int, q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """(N, N) float64: the capture's own logits of one head, q · kᵀ · scale plus its relative-position bias if any."""
-    logits = np.einsum("id,jd->ij", q * cap.scale, k)  # (N, N); einsum: no BLAS threads (see pca)
-    if cap.bias is not None:
-        logits = logits + cap.bias[layer, head].detach().cpu().double().numpy()
-    return logits
+    window = _window(cap, layer, head)
+    return (window.query[head].detach().cpu().double().numpy(), window.key[head].detach().cpu().double().numpy())
 
 
 def _all_logits(caps: list[Capture], layer: int, head: int, pairs) -> tuple[np.ndarray, ...]:
+    """Per photo (N, N) float64: the capture's own logits of one head, q · kᵀ · scale plus its bias if any."""
+    windows = [_window(cap, layer, head) for cap in caps]
     if len(caps) == 1:
-        return (_logits(caps[0], layer, head, *pairs[0]),)
-    q = np.stack([q for q, _ in pairs]) * caps[0].scale  # (photos, N, d_k)
+        return (windows[0].logits(head),)
+    q = np.stack([q for q, _ in pairs]) * windows[0].scale  # (photos, N, d_k)
     k = np.stack([k for _, k in pairs])
     logits = np.matmul(q, k.transpose(0, 2, 1))  # (photos, N, N): one BLAS call for all photos
-    if caps[0].bias is not None:
-        logits = logits + np.stack([cap.bias[layer, head].detach().cpu().double().numpy() for cap in caps])
+    if windows[0].bias is not None:
+        logits = logits + np.stack([w.bias[head].detach().cpu().double().numpy() for w in windows])
     return tuple(logits)
 
 
@@ -304,7 +327,7 @@ def qk_map(caps: Capture | Sequence[Capture], layer: int, head: int, method: str
         token=np.tile(np.concatenate([tokens, tokens]), len(caps)),
         vectors=vectors,
         logits=_all_logits(caps, layer, head, pairs),
-        grid=tuple(caps[0].grid), num_prefix_tokens=caps[0].num_prefix_tokens,
+        grid=tuple(caps[0].layout(layer).grid), num_prefix_tokens=caps[0].layout(layer).prefix,
     )
 
 
@@ -365,13 +388,14 @@ def statistics(qk: QKMap, max_pairs: int = STAT_PAIRS, seed: int = 0) -> QKStats
 
 # --- Colours ------------------------------------------------------------------------------------
 
-def patch_colours(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
-    """(h, w), (h, w): each patch's mean brightness (0…1, Rec. 601 luma) and the hue (0…1) of its mean colour,
-    from the picture the model saw (recovered exactly from the capture's input)."""
+def patch_colours(cap: Capture, grid: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(h, w), (h, w): each patch's (each cell of ``grid``'s, the first layer's by default) mean brightness
+    (0…1, Rec. 601 luma) and the hue (0…1) of its mean colour, from the picture the model saw (recovered
+    exactly from the capture's input)."""
     if cap.prepared is None:
         raise ValueError("this capture does not say how its photo was prepared, so its pixels cannot be recovered")
     pixels = np.asarray(cap.prepared.picture(cap.input), dtype=np.float64) / 255  # (S, S, 3)
-    h, w = cap.grid
+    h, w = cap.grid if grid is None else grid
     s = pixels.shape[0]
     p = s // h
     means = pixels[:h * p, :w * p].reshape(h, p, w, p, 3).mean((1, 3))  # (h, w, 3)
@@ -399,7 +423,7 @@ def colour_values(qk: QKMap, caps: Capture | Sequence[Capture], by: str) -> np.n
         if by == "cls_attention":
             per_photo.append(cap.row(qk.layer, qk.head, 0).astype(np.float64))  # (N,)
         else:
-            brightness, hue = patch_colours(cap)
+            brightness, hue = patch_colours(cap, qk.grid)
             grid = (brightness if by == "brightness" else hue).ravel()
             per_photo.append(np.concatenate([np.full(qk.num_prefix_tokens, np.nan), grid]))
     table = np.stack(per_photo)  # (photos, N)
@@ -422,12 +446,15 @@ class Atlas:
 
 def atlas(cap: Capture, normalize: str = "attentionviz") -> Atlas:
     """The L × H head atlas of one capture (PCA): one small map per head, and how much each sorts by position."""
+    if not cap.uniform or not all(map(cap.plain_softmax, range(cap.num_layers))):
+        raise LayoutError("the atlas lays every head on the same tokens, but this model's layers differ in grid, "
+                          "windows or heads; open one head's Q/K map instead")
     layers, heads = cap.num_layers, cap.num_heads
     n, p = cap.num_tokens, cap.num_prefix_tokens
     tokens = np.concatenate([np.arange(n), np.arange(n)])
     patches = tokens >= p
-    query = cap.query.detach().cpu().double().numpy().reshape(layers * heads, n, -1)  # (L·H, N, d_k)
-    key = cap.key.detach().cpu().double().numpy().reshape(layers * heads, n, -1)
+    query = torch.stack(cap.query)[:, :, 0].detach().cpu().double().numpy().reshape(layers * heads, n, -1)  # (L·H, N, d_k)
+    key = torch.stack(cap.key)[:, :, 0].detach().cpu().double().numpy().reshape(layers * heads, n, -1)
     if normalize == "attentionviz":
         query, key = normalise_many(query, key)
     xy = pca_many(np.concatenate([query, key], 1))  # (L·H, 2N, 2)
@@ -484,7 +511,6 @@ def run_captures(out: str | Path, limit: int = MAX_PHOTOS, layer: int | None = N
     keeps only that head's q and k, as its layer 0 and head 0 (a 196 px capture of ViT-S: 7.3 MB → 0.1 MB),
     so 200 of them fit in memory. Captures that are missing, damaged or of another layout than the first are
     left out. Raises :class:`attnviz.RunError` when the run kept none."""
-    import dataclasses
     import zipfile
 
     import attnviz.runfiles as runfiles
@@ -506,9 +532,7 @@ def run_captures(out: str | Path, limit: int = MAX_PHOTOS, layer: int | None = N
             cap = load_capture(file)
         except (RunFileError, ExportError, zipfile.BadZipFile, OSError, ValueError, KeyError, TypeError):
             continue
-        if isinstance(cap.query, tuple):  # a StagedCapture: a grid per stage, no one map of tokens
-            raise RunError(f"the run {out.name} is of a model with stages; the Q/K map needs one token grid.")
-        layout = (tuple(cap.query.shape), tuple(cap.grid))
+        layout = _shape(cap)
         if shape is not None and layout != shape:
             continue
         if layer is not None and head is not None:
@@ -516,10 +540,11 @@ def run_captures(out: str | Path, limit: int = MAX_PHOTOS, layer: int | None = N
                 _check_head(cap, layer, head)
             except IndexError as e:
                 raise RunError(f"the run {out.name} has no such head: {e}.") from None
-            bias = None if cap.bias is None else cap.bias[layer:layer + 1, head:head + 1].clone()
-            cap = dataclasses.replace(cap, query=cap.query[layer:layer + 1, head:head + 1].clone(),
-                                      key=cap.key[layer:layer + 1, head:head + 1].clone(), bias=bias,
-                                      token_norms=None)
+            try:
+                _window(cap, layer, head)
+            except LayoutError as e:
+                raise RunError(f"the run {out.name}: {e}.") from None
+            cap = cap.only(layer, head)
         shape = layout
         caps.append(cap)
         paths.append(path)
@@ -551,12 +576,12 @@ def patch_search(caps: Sequence[Capture], layer: int, head: int, photo: int, tok
     q, _ = head_vectors(caps[photo], layer, head)
     if not 0 <= token < len(q):
         raise IndexError(f"token must be 0…{len(q) - 1}, not {token}")
-    p = caps[0].num_prefix_tokens
+    p = caps[0].layout(layer).prefix
     others = [i for i in range(len(caps)) if i != photo]
     if not others:
         return ()
     keys = np.stack([head_vectors(caps[i], layer, head)[1][p:] for i in others])  # (photos − 1, P, d_k)
-    logits = np.einsum("mpd,d->mp", keys, q[token]) * caps[0].scale  # (photos − 1, P)
+    logits = np.einsum("mpd,d->mp", keys, q[token]) * caps[0].layout(layer).scale  # (photos − 1, P)
     best = np.argsort(-logits.ravel(), kind="stable")[:count]
     rows, cols = np.divmod(best, logits.shape[1])
     return tuple(Match(others[r], int(c) + p, float(logits[r, c])) for r, c in zip(rows, cols))

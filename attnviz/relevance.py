@@ -61,6 +61,8 @@ def class_relevance(model: Model, x: torch.Tensor, class_index: int) -> np.ndarr
 
 def relevance_map(model: Model, cap: Capture, class_index: int) -> np.ndarray:
     """(h, w): the class token's row of R over the patches, for the capture's input."""
+    if (why := model.adapter.eager_refusal(model.network)) is not None:
+        raise RelevanceError(why)
     if not cap.has_class_token:
         raise RelevanceError(f"{model.public_name} has no class token, and this map is the class token's row of R.")
     relevance = class_relevance(model, cap.input, class_index)

@@ -16,7 +16,11 @@ then multiply from the first chosen layer to the last: R = A'_last ··· A'_fir
 
 The map is a row of R: the class token's by default. A model without a class token has no such row;
 there the default is the mean of R's patch rows (what all patches, on average, draw from each patch
-through the layers), and :func:`rollout_map` says so through :attr:`Capture.summary`.
+through the layers), and :func:`rollout_map` says so through :meth:`Capture.summary_kind`.
+
+Rollout is a product of N × N matrices, so it is defined over layers that share one token set as both
+queries and keys: every layer of a plain ViT; within one stage of a Swin (block-diagonal matrices of
+shifted windows); never across a change of grid or over pooled keys, which is refused in one sentence.
 
 A common bug elsewhere divides by ``A'.sum(-1)`` broadcast over the wrong axis (each *column* j
 divided by row j's sum), which is not a row normalisation; tests pin the per-row version.
@@ -29,6 +33,8 @@ import numpy as np
 import torch
 
 from .capture import Capture, Head, fuse_heads, patch_grid
+from .errors import LayoutError
+from .stages import LayerLayout
 
 RESIDUAL = 0.5
 
@@ -106,42 +112,89 @@ def rollout_row(
     return row
 
 
-def capture_layers(cap: Capture, first: int = 0, last: int | None = None) -> list[torch.Tensor]:
-    """The (H, N, N) weights of layers ``first``…``last`` (0-based, inclusive) of a capture."""
-    last = cap.num_layers - 1 if last is None else last
+MAX_ROLLOUT_BYTES = 2**30  # the (H, N, N) weights of one layer: a Swin's 448 px first stage is 1.9 GB
+
+
+def rollout_layers(cap: Capture) -> tuple[int, int]:
+    """(first, last), 0-based: the layers rollout follows by default — every layer of a model whose layers share
+    one token set (a plain ViT), else the run of layers that ends at the last one and shares its tokens (a
+    Swin's last stage)."""
+    last = first = cap.num_layers - 1
+    while first > 0 and cap.same_tokens([first - 1, last]):
+        first -= 1
+    return first, last
+
+
+def _check_layers(cap: Capture, first: int, last: int) -> None:
+    """One sentence where layers ``first``…``last`` cannot be rolled out: a product of matrices needs one token
+    set that is both the queries and the keys, and each matrix must fit in memory."""
+    lay = cap.layout(last)
+    if not cap.same_tokens(range(first, last + 1)) or lay.num_tokens != lay.num_keys:
+        own = rollout_layers(cap)
+        raise LayoutError(
+            f"rollout multiplies each layer's attention over one set of tokens, but layers {first + 1}–{last + 1} "
+            f"of this model attend over different token grids (or pooled keys); pick layers within one stage, e.g. "
+            f"{own[0] + 1}–{own[1] + 1}")
+    nbytes = 4 * lay.num_heads * lay.num_tokens * lay.num_keys
+    if nbytes > MAX_ROLLOUT_BYTES:
+        raise LayoutError(f"layer {last + 1} has {lay.num_tokens} tokens, so each of its rollout matrices would take "
+                          f"{nbytes / 2**30:.1f} GB; use a smaller input size or later layers")
+
+
+def rollout_refusal(cap: Capture, first: int | None = None, last: int | None = None) -> str | None:
+    """Why layers ``first``…``last`` (by default :func:`rollout_layers`) cannot be rolled out, in one sentence;
+    None when they can."""
+    default = rollout_layers(cap)
+    try:
+        _check_layers(cap, default[0] if first is None else first, default[1] if last is None else last)
+    except LayoutError as e:
+        return str(e)
+    return None
+
+
+def capture_layers(cap: Capture, first: int | None = None, last: int | None = None) -> list[torch.Tensor]:
+    """The (H, N, N) weights of layers ``first``…``last`` (0-based, inclusive) of a capture; by default
+    :func:`rollout_layers`."""
+    default = rollout_layers(cap)
+    first = default[0] if first is None else first
+    last = default[1] if last is None else last
     for value in (first, last):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"layers must be whole numbers (0-based), not {value!r}")
     if not 0 <= first <= last < cap.num_layers:
         raise IndexError(f"layers {first}…{last} are not a range inside 0…{cap.num_layers - 1}")
+    _check_layers(cap, first, last)
     return [cap.layer_weights(layer) for layer in range(first, last + 1)]
 
 
 def rollout_map(
     cap: Capture,
-    first: int = 0,
+    first: int | None = None,
     last: int | None = None,
     head: Head = "mean",
     discard: float = 0.0,
     residual: float = RESIDUAL,
     query: int | None = None,
 ) -> np.ndarray:
-    """(h, w): token ``query``'s rolled-out attention to the patches, on the grid.
+    """(h, w): token ``query``'s rolled-out attention to the patches, on the grid of the layers rolled out.
 
-    ``query=None`` (default) follows :attr:`Capture.summary`: the class token's row, or, for a model
-    without one, the mean of the patch tokens' rows.
+    ``query=None`` (default) follows :meth:`Capture.summary_kind` of the last layer: the class token's row, or,
+    where it does not attend, the mean of the patch tokens' rows.
     """
     layers = capture_layers(cap, first, last)
+    lay = cap.layout(rollout_layers(cap)[1] if last is None else last)
     if query is None:
-        query = 0 if cap.has_class_token else patch_mean(cap)
+        query = 0 if lay.class_row else patch_mean(cap, lay)
     row = rollout_row(layers, query, head, discard, residual)
-    return patch_grid(row.cpu().numpy(), cap.grid, cap.num_prefix_tokens)
+    return patch_grid(row.cpu().numpy(), lay.keys_grid, lay.num_key_prefix)
 
 
-def patch_mean(cap: Capture) -> torch.Tensor:
-    """(N,) start vector 1/P on each of the P patch tokens, 0 on the prefix tokens."""
-    start = torch.zeros(cap.num_tokens, dtype=cap.query.dtype, device=cap.query.device)
-    start[cap.num_prefix_tokens :] = 1.0 / (cap.num_tokens - cap.num_prefix_tokens)
+def patch_mean(cap: Capture, lay: LayerLayout | None = None) -> torch.Tensor:
+    """(N,) start vector 1/P on each of the P patch tokens of layout ``lay`` (the last layer's), 0 on the prefix
+    tokens."""
+    lay = cap.layouts[-1] if lay is None else lay
+    start = torch.zeros(lay.num_tokens, dtype=cap.input.dtype, device=cap.input.device)
+    start[lay.prefix:] = 1.0 / (lay.num_tokens - lay.prefix)
     return start
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .capture import Capture
-from .softmax import softmax_scores
+from .errors import LayoutError
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,11 @@ class Spread:
 
 
 def class_token_spread(cap: Capture) -> Spread:
-    """:class:`Spread` of a capture with a class token (0-based layers)."""
-    bias = None if cap.bias is None else cap.bias[:, :, :1]
-    rows = softmax_scores(cap.query[:, :, :1], cap.key, cap.scale, bias)[:, :, 0].double()  # (L, H, N): every layer at once
+    """:class:`Spread` of a capture whose class token attends at every layer (0-based layers)."""
+    if cap.summary != "cls":
+        raise LayoutError("the class token is not a query at every layer of this model, so there is no class-token "
+                          "row to measure there")
+    rows = torch.stack([cap.layer_rows(layer, 0).double() for layer in range(cap.num_layers)])  # (L, H, N)
     return Spread(entropy(rows.mean(1)).cpu().numpy(), entropy(rows).cpu().numpy(), cap.num_tokens)
 
 
@@ -102,17 +104,24 @@ def entropy(rows: torch.Tensor) -> torch.Tensor:
     return -(rows * logs).sum(-1)
 
 
-def patch_centres(grid: tuple[int, int], patch_px: float) -> torch.Tensor:
-    """(h · w, 2) (y, x) centres of the patches in raster order, in pixels."""
+def cell_centres(grid: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """(h · w, 2) (y, x) centres of a grid's cells in raster order, in pixels of a ``size`` (H, W) input."""
     h, w = grid
     rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    return (torch.stack([rows, cols], -1).reshape(-1, 2).double() + 0.5) * patch_px
+    cells = torch.stack([rows, cols], -1).reshape(-1, 2).double() + 0.5
+    return cells * torch.tensor([size[0] / h, size[1] / w], dtype=torch.float64)
+
+
+def patch_centres(grid: tuple[int, int], patch_px: float) -> torch.Tensor:
+    """(h · w, 2) (y, x) centres of the patches in raster order, in pixels."""
+    return cell_centres(grid, (grid[0] * patch_px, grid[1] * patch_px))
 
 
 def mean_distance(
     weights: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int, patch_px: float
 ) -> torch.Tensor:
-    """(H, N, N) weights of one layer → (H,) mean attention distance in pixels."""
+    """(H, N, N) weights of one global layer → (H,) mean attention distance in pixels (for a layer with windows
+    or pooled keys, :func:`layer_head_stats` measures it at the layer's own grids)."""
     p = num_prefix_tokens
     centres = patch_centres(grid, patch_px).to(weights.device)
     dist = torch.cdist(centres, centres).to(weights.dtype)  # (P, P) pixels between patch centres
@@ -121,23 +130,47 @@ def mean_distance(
     return (patch * dist).sum(-1).mean(-1)  # (H,)
 
 
+def layer_head_stats(cap: Capture, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(entropy, distance, prefix share), each (H_l,), of every head of ``layer``, at that layer's own grids and
+    inside its windows. Where the class token is a query at the layer, entropy and prefix share are its row's;
+    otherwise the mean over the patch queries' rows. Distance: over the patch queries (NaN where the layer has
+    none, e.g. CaiT's class attention), to the patch keys, re-normalised."""
+    lay = cap.layout(layer)
+    rows = cap.window_weights(layer).transpose(0, 1)  # (H, W, Tq, Tk)
+    heads = rows.shape[0]
+    key_cell = (lay.keys - lay.num_key_prefix).to(rows.device)  # (W, Tk): the key's cell on the keys' grid, < 0: prefix
+    query_cell = (lay.windows - lay.prefix).to(rows.device)  # (W, Tq): the same for the queries, on the layer's grid
+    asking = query_cell >= 0  # (W, Tq): queries that are grid cells
+    to_prefix = (rows * (key_cell < 0)[None, :, None, :].to(rows.dtype)).sum(-1)  # (H, W, Tq)
+    if cap.summary_kind(layer) == "cls":
+        w, t = lay.window_of(0)
+        ent, share = entropy(rows[:, w, t]), to_prefix[:, w, t]  # (H,)
+    elif asking.any():
+        ent, share = entropy(rows)[:, asking].mean(-1), to_prefix[:, asking].mean(-1)
+    else:
+        ent, share = entropy(rows).reshape(heads, -1).mean(-1), to_prefix.reshape(heads, -1).mean(-1)
+    size = tuple(cap.input.shape[-2:])
+    queries = cell_centres(lay.grid, size).to(rows.device)[query_cell.clamp(min=0)]  # (W, Tq, 2)
+    keys = cell_centres(lay.keys_grid, size).to(rows.device)[key_cell.clamp(min=0)]  # (W, Tk, 2)
+    dist = torch.cdist(queries, keys).to(rows.dtype)  # (W, Tq, Tk) pixels between cell centres
+    patch = rows * (key_cell >= 0)[None, :, None, :].to(rows.dtype)  # weights on key cells only
+    patch = patch / patch.sum(-1, keepdim=True).clamp_min(1e-30)
+    per_query = (patch * dist).sum(-1)  # (H, W, Tq)
+    distance = per_query[:, asking].mean(-1) if asking.any() else torch.full((heads,), float("nan"))
+    return ent, distance, share
+
+
 def head_stats(cap: Capture) -> HeadStats:
-    """Entropy, mean distance and prefix share for every layer and head of a capture."""
+    """Entropy, mean distance and prefix share for every layer and head of a capture, (L, H) each: a layer with
+    fewer heads than the most any layer has is NaN in the others."""
     patch_px = cap.input.shape[-1] / cap.grid[1]
-    p = cap.num_prefix_tokens
-    ent, dist, share = [], [], []
+    shape = (cap.num_layers, cap.num_heads)
+    ent, dist, share = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
     for layer in range(cap.num_layers):
-        weights = cap.layer_weights(layer)  # (H, N, N)
-        if cap.has_class_token:
-            cls_rows = weights[:, 0]  # (H, N)
-            ent.append(entropy(cls_rows))
-            share.append(cls_rows[:, :p].sum(-1))
-        else:  # no class token: the mean over the patch query rows, never patch 0's row alone
-            ent.append(entropy(weights[:, p:]).mean(-1))
-            share.append(weights[:, p:, :p].sum(-1).mean(-1))
-        dist.append(mean_distance(weights, cap.grid, p, patch_px))
-    as_array = lambda xs: torch.stack(xs).cpu().double().numpy()  # noqa: E731
+        values = layer_head_stats(cap, layer)
+        for out, value in zip((ent, dist, share), values):
+            out[layer, :len(value)] = value.cpu().double().numpy()
     centres = patch_centres(cap.grid, patch_px)
     uniform = float(torch.cdist(centres, centres).mean())
-    rows = "cls" if cap.has_class_token else "patch_mean"
-    return HeadStats(as_array(ent), as_array(dist), as_array(share), cap.num_tokens, float(patch_px), uniform, rows)
+    rows = "cls" if cap.summary == "cls" else "patch_mean"
+    return HeadStats(ent, dist, share, cap.num_tokens, float(patch_px), uniform, rows)

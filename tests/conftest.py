@@ -118,3 +118,25 @@ def connections(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
     return seen
+
+
+def Q(cap: attnviz.Capture) -> torch.Tensor:
+    """(L, H, N, d_k): a plain ViT capture's queries stacked as the tests index them (one window per layer)."""
+    assert cap.uniform, "Q() stacks the queries of a capture whose layers share one window of every token"
+    return torch.stack(cap.query)[:, :, 0]
+
+
+def K(cap: attnviz.Capture) -> torch.Tensor:
+    """(L, H, N, d_k): the keys, as :func:`Q`."""
+    assert cap.uniform
+    return torch.stack(cap.key)[:, :, 0]
+
+
+def SCALE(cap: attnviz.Capture) -> float:
+    """1 / √d_k of a plain ViT capture (every layer's)."""
+    return cap.layouts[0].scale
+
+
+def BIAS(cap: attnviz.Capture) -> torch.Tensor:
+    """(L, H, N, N): a plain relative-position ViT's logit bias, stacked."""
+    return torch.stack([b[0] for b in cap.bias])

@@ -7,7 +7,7 @@ import torch
 
 import attnviz
 from attnviz.capture import capture_tensor, fuse_heads, patch_grid
-from conftest import tiny_vit
+from conftest import tiny_vit, Q
 
 
 def reference_weights(network: torch.nn.Module, x: torch.Tensor) -> list[np.ndarray]:
@@ -52,7 +52,7 @@ def test_tiny_vit_weights_match_recomputation_on_both_paths(fused):
 def test_real_model_weights_match_recomputation(real_model, cat):
     cap = attnviz.capture(real_model, cat)
     ref = reference_weights(real_model.network, cap.input)
-    assert cap.query.shape == (12, 6, 197, 64)
+    assert Q(cap).shape == (12, 6, 197, 64)
     worst = max(np.abs(cap.layer_weights(i).numpy() - ref[i]).max() for i in range(12))
     assert worst <= 1e-5
     # and the CLS row of the last layer is a probability distribution over all 197 tokens

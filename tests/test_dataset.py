@@ -16,7 +16,7 @@ import attnviz
 from attnviz import Capture, capture, cli, dataset, load_photo, runfiles
 from attnviz.dataset import RunConfig, read_run, run_local
 
-from conftest import ASSETS, tiny_vit
+from conftest import ASSETS, tiny_vit, Q, K, SCALE
 from dataset_fixtures import SMALL, one_thread, photo_folder, same_tables  # noqa: F401 (autouse fixture)
 
 CONFIG = RunConfig(size=SMALL)
@@ -62,15 +62,15 @@ def test_head_rows_match_an_independent_recomputation(real_model):
     tables = dataset.split(dataset.analyse(real_model, [("cat.jpg", data)]))
     heads = tables.heads.to_pandas()
     cap = capture(real_model, load_photo(ASSETS / "cat.jpg", real_model).image)
-    num_layers, num_heads, n, _ = cap.query.shape
+    num_layers, num_heads, n, _ = Q(cap).shape
     h, w = cap.grid
     assert len(heads) == num_layers * num_heads and list(heads["layer"][:7]) == [0] * 6 + [1]
     patch_px = cap.input.shape[-1] / w
     centres = (np.stack(np.meshgrid(np.arange(h), np.arange(w), indexing="ij"), -1).reshape(-1, 2) + 0.5) * patch_px
     dist = np.linalg.norm(centres[:, None] - centres[None], axis=-1)  # (P, P) pixels
     for layer, head in [(0, 0), (5, 3), (11, 5)]:
-        q, k = cap.query[layer, head].double().numpy(), cap.key[layer, head].double().numpy()
-        logits = q @ k.T * cap.scale
+        q, k = Q(cap)[layer, head].double().numpy(), K(cap)[layer, head].double().numpy()
+        logits = q @ k.T * SCALE(cap)
         weights = np.exp(logits - logits.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)  # (N, N)
         row = weights[0]
@@ -199,8 +199,13 @@ def test_stored_capture_reloads_as_a_fresh_capture(folder, small_model, tmp_path
         fresh = capture(small_model, load_photo(record["path"], small_model).image)
         for f in dataclasses.fields(fresh):
             a, b = getattr(stored, f.name), getattr(fresh, f.name)
-            if isinstance(a, torch.Tensor):
+            if f.name in ("query", "key", "token_norms"):  # per layer
+                assert len(a) == len(b) and all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a, b)), f.name
+            elif isinstance(a, torch.Tensor):
                 assert torch.allclose(a, b, atol=1e-5), f.name
+            elif f.name == "layouts":
+                assert [(x.grid, x.prefix, x.num_heads, x.windows.tolist()) for x in a] == [
+                    (y.grid, y.prefix, y.num_heads, y.windows.tolist()) for y in b]
             elif f.name != "seconds":
                 assert a == b, f.name
         assert np.allclose(stored.weights(3, 1), fresh.weights(3, 1), atol=1e-5)

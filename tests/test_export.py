@@ -18,7 +18,7 @@ from PIL import Image
 import attnviz
 from attnviz import cli, export
 from attnviz.capture import Capture
-from conftest import ASSETS, ROOT, tiny_vit
+from conftest import ASSETS, ROOT, tiny_vit, K, Q, SCALE
 
 
 def same_field(a, b) -> bool:
@@ -26,6 +26,11 @@ def same_field(a, b) -> bool:
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
     if isinstance(a, np.ndarray):
         return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, tuple):  # per layer: tensors, layouts, None
+        return isinstance(b, tuple) and len(a) == len(b) and all(map(same_field, a, b))
+    if dataclasses.is_dataclass(a) and type(a).__eq__ is object.__eq__:  # a layout (eq=False): field by field
+        return type(a) is type(b) and all(same_field(getattr(a, f.name), getattr(b, f.name))
+                                          for f in dataclasses.fields(a))
     return a == b
 
 
@@ -55,9 +60,32 @@ def test_load_capture_gives_back_every_field_and_weight(tmp_path, fmt, reg_token
 def test_every_capture_field_is_stored():
     cap = attnviz.capture(tiny_vit(), Image.open(ASSETS / "cat.jpg"))
     arrays, values, kinds = export._split(cap)
-    assert set(arrays) | set(values) == {f.name for f in dataclasses.fields(Capture)}
-    assert {"query", "key", "input", "output"} <= set(arrays) and kinds["query"] == "torch"
-    assert values["grid"] == [4, 4] and values["prepared"]["__dataclass__"] == "attnviz.preparation:Preparation"
+    per_layer = {name.partition(".")[0] for name in arrays if "." in name}  # query.0, query.1, …
+    assert set(arrays) - {f"{n}.{i}" for n in per_layer for i in range(2)} | per_layer | set(values) == {
+        f.name for f in dataclasses.fields(Capture)}
+    assert {"query.0", "key.1", "input", "output", "token_norms.1"} <= set(arrays) and kinds["query.0"] == "torch"
+    assert arrays["query.0"].shape == (4, 1, 17, 8)  # (H, W, N, d_k): one window of every token
+    assert [lay["grid"] for lay in values["layouts"]] == [[4, 4], [4, 4]]
+    assert values["prepared"]["__dataclass__"] == "attnviz.preparation:Preparation"
+
+
+def test_a_capture_saved_before_the_one_capture_type_loads(tmp_path):
+    """A plain ViT's export from before #45: stacked (L, H, N, d_k) queries and keys, grid and prefix as values."""
+    cap = attnviz.capture(tiny_vit(reg_tokens=4), Image.open(ASSETS / "cat.jpg"))
+    arrays = {"query": Q(cap).numpy(), "key": K(cap).numpy(), "input": cap.input.numpy(), "output": cap.output.numpy(),
+              "token_norms": torch.stack(cap.token_norms).numpy()}
+    values = {"scale": SCALE(cap), "grid": [4, 4], "num_prefix_tokens": 5, "seconds": 0.1, "bias": None,
+              "has_class_token": True, "prepared": export._encode(cap.prepared, "prepared")}
+    meta = {"attnviz_export": 1, "format": "qk", "attention": None, "capture": {"type": "Capture", "values": values,
+            "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape), "kind": "torch"} for n, a in arrays.items()}}}
+    np.savez(tmp_path / "old.npz", meta=np.array(json.dumps(meta)), **arrays)
+    old = attnviz.load_capture(tmp_path / "old.npz")
+    assert old.uniform and old.grid == (4, 4) and old.num_prefix_tokens == 5 and old.num_tokens == 21
+    for layer in range(2):
+        for head in (0, 3, "mean"):
+            assert np.array_equal(old.weights(layer, head), cap.weights(layer, head))
+        assert np.array_equal(old.norm_ratio(layer), cap.norm_ratio(layer))
+    assert np.array_equal(old.cls_map(1, "max"), cap.cls_map(1, "max"))
 
 
 def test_float16_is_stated_and_within_its_precision(tmp_path):
@@ -71,7 +99,7 @@ def test_float16_is_stated_and_within_its_precision(tmp_path):
     err = np.abs(z["attention"].astype(np.float64) - exact)
     assert (err <= 2.0**-11 * np.abs(exact) + 2.0**-25).all()  # half a float16 step, normal or subnormal
     assert err.max() > 0  # it really is rounded
-    assert z["query"].dtype == np.float32  # the queries and keys stay exact
+    assert z["query.0"].dtype == np.float32  # the queries and keys stay exact
     assert np.array_equal(attnviz.load_capture(path).weights(1, 2), cap.weights(1, 2))
     with pytest.raises(ValueError, match="float16 applies to the full attention only"):
         export.save_capture(tmp_path / "x.npz", cap, format="qk", dtype="float16")

@@ -21,6 +21,7 @@ from attnviz import ModelError
 from attnviz.adapters import Family, register, registry
 from attnviz.adapters.timm_vit import TimmAdapter, layout
 from attnviz.capture import capture_tensor
+from conftest import Q, K, SCALE, BIAS
 
 FAMILIES = {
     # name: (timm model, extra kwargs)
@@ -111,7 +112,7 @@ def test_family_exact_in_float64_and_the_old_reading_was_wrong(family):
     for h in hooks:
         h.remove()
     q, k = old[0], old[1]  # layer 1 (q_norm runs before k_norm)
-    naive = ((q * cap.scale) @ k.transpose(-2, -1)).softmax(-1)
+    naive = ((q * SCALE(cap)) @ k.transpose(-2, -1)).softmax(-1)
     assert float((naive - reference[0]).abs().max()) > 0.05
 
 
@@ -121,8 +122,8 @@ def test_relpos_bias_is_shared_by_captures_and_not_counted_as_theirs():
     model = attnviz.wrap(network, name, "random init", 64)
     a = capture_tensor(model, torch.randn(1, 3, 64, 64))
     b = capture_tensor(model, torch.randn(1, 3, 64, 64))
-    assert a.bias is b.bias and a.bias.shape == (2, 6, 16, 16)
-    assert a.nbytes == 2 * a.query.nelement() * 4 + a.input.nelement() * 4 + a.output.nelement() * 4 + 2 * 16 * 4
+    assert all(x.data_ptr() == y.data_ptr() for x, y in zip(a.bias, b.bias)) and BIAS(a).shape == (2, 6, 16, 16)
+    assert a.nbytes == 2 * Q(a).nelement() * 4 + a.input.nelement() * 4 + a.output.nelement() * 4 + 2 * 16 * 4
 
 
 def test_rows_with_bias_equal_matrix_rows():
@@ -214,8 +215,8 @@ def test_a_new_family_is_one_registration(monkeypatch):
     assert worst(cap, reference) <= 1e-5
     assert max(float(r.max()) for r in reference) > 0.5  # peaked for real
     # the temperature matters: without it (what a plain timm reading gives) the weights are far off
-    q = cap.query[1] / network.blocks[1].attn.temperature.view(-1, 1, 1)  # (H, N, d_k) as read at q_norm
-    plain = ((q * cap.scale) @ cap.key[1].transpose(-2, -1)).softmax(-1)
+    q = Q(cap)[1] / network.blocks[1].attn.temperature.view(-1, 1, 1)  # (H, N, d_k) as read at q_norm
+    plain = ((q * SCALE(cap)) @ K(cap)[1].transpose(-2, -1)).softmax(-1)
     assert float((plain - reference[1]).abs().max()) > 0.05
     with torch.no_grad():
         assert torch.equal(cap.output, network(x)[0])

@@ -25,7 +25,7 @@ import attnviz
 from attnviz import ablation, cli, html, lesson, live, neuron, qkmap, relevance, rollout, stats
 from attnviz_app import views
 from attnviz import faithfulness as fa
-from conftest import APP
+from conftest import APP, Q, K
 from tests.rounding import NUMBER, same_but_rounding
 from tests.test_zoo import SMALL_BUILDS
 from tests.zoo import TOLERANCE, walk_one
@@ -102,7 +102,7 @@ def test_the_neuron_view_on_the_gpu_equals_the_captures_weight(pair):
     for layer, head, query, key in [(0, 0, 0, 5), (5, 3, 17, 100), (11, 5, 0, 0), (11, 2, 150, 60)]:
         p = neuron.neuron_pair(g, layer, head, query, key)
         assert abs(p.weight - float(g.weights(layer, head)[query, key])) <= 1e-6
-        assert abs(p.dot - float(g.query[layer, head, query].double() @ g.key[layer, head, key].double())) <= 1e-3
+        assert abs(p.dot - float(Q(g)[layer, head, query].double() @ K(g)[layer, head, key].double())) <= 1e-3
 
 
 @pytest.mark.parametrize("fill", ["token", "mean", "blur"])

@@ -9,7 +9,7 @@ import torch
 
 import attnviz
 from attnviz import lesson
-from conftest import Overlap, tiny_vit
+from conftest import Overlap, tiny_vit, Q, K
 
 KEYS = [[1, 0], [0, 1], [1, 1]]
 
@@ -103,8 +103,8 @@ def test_pair_weight_equals_the_heatmap_cell(cat_capture, layer, head, query, ce
     assert pair.weight == pytest.approx(float(drawn), rel=2e-5, abs=1e-9)
     # And the map the page draws holds the same value at (row, col).
     assert pair.weight == pytest.approx(float(cap.query_map(layer, head, query)[cell]), rel=2e-5, abs=1e-9)
-    q = cap.query[layer, head, query].double()
-    k = cap.key[layer, head, key].double()
+    q = Q(cap)[layer, head, query].double()
+    k = K(cap)[layer, head, key].double()
     assert pair.dot == pytest.approx(float(q @ k), rel=1e-12)
     assert pair.scaled == pytest.approx(pair.dot / 8.0, rel=1e-12)  # √64
     assert pair.weight == pytest.approx(pair.exp / pair.exp_sum, rel=1e-9)

@@ -16,7 +16,7 @@ from attnviz import render, serving
 from attnviz.jobs import core_count
 from attnviz.live import LiveProcessor, LiveSettings, heatmap_frame
 from attnviz.live_sharing import Priority, StreamSlots
-from conftest import ASSETS, tiny_vit
+from conftest import ASSETS, tiny_vit, Q, K, SCALE
 
 
 def camera_frame(seed: int, size=(160, 120)) -> Image.Image:
@@ -48,8 +48,8 @@ def test_frame_equals_capture_on_the_same_picture(real_model, layer, head, fit):
     assert live.cls_map.shape == (14, 14)
     np.testing.assert_array_equal(live.cls_map, want)
     # and independently of the capture code: the class token's row, recomputed from its queries and keys
-    q, k = cap.query[layer, :, 0].double(), cap.key[layer].double()  # (H, d_k), (H, N, d_k)
-    rows = ((q[:, None] @ k.transpose(-2, -1))[:, 0] * cap.scale).softmax(-1).numpy()  # (H, N)
+    q, k = Q(cap)[layer, :, 0].double(), K(cap)[layer].double()  # (H, d_k), (H, N, d_k)
+    rows = ((q[:, None] @ k.transpose(-2, -1))[:, 0] * SCALE(cap)).softmax(-1).numpy()  # (H, N)
     fused = {"mean": rows.mean(0), "max": rows.max(0)}.get(head) if isinstance(head, str) else rows[head]
     np.testing.assert_allclose(live.cls_map, fused[1:].reshape(14, 14), atol=1e-6)
     assert np.asarray(live.view).tobytes() == np.asarray(real_model.view(image, fit)).tobytes()
@@ -473,7 +473,7 @@ def test_a_running_frame_stops_at_its_next_layer_while_a_photo_is_captured(tiny)
     worker.join(30)
     assert len(layers) == 2 and layers[1] - ended >= 0.2  # … and its grace
     plain = attnviz.capture_tensor(tiny, x)
-    assert torch.equal(result["cap"].query, plain.query) and torch.equal(result["cap"].key, plain.key)
+    assert torch.equal(Q(result["cap"]), Q(plain)) and torch.equal(K(result["cap"]), K(plain))
     assert torch.equal(result["cap"].output, plain.output)
 
 

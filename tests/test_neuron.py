@@ -11,7 +11,7 @@ import torch
 import attnviz
 from attnviz.neuron import neuron_pair
 
-from conftest import tiny_vit
+from conftest import tiny_vit, Q, BIAS
 
 
 def test_every_number_adds_up_to_the_capture_weight():
@@ -24,7 +24,7 @@ def test_every_number_adds_up_to_the_capture_weight():
         assert pair.logit == pytest.approx(pair.dot * pair.scale + pair.bias, abs=1e-12)
         assert pair.weight == pytest.approx(float(cap.weights(layer, head)[query, key]), abs=1e-6)
         # the q and k are the query and key of the capture, elementwise
-        assert np.array_equal(pair.q, cap.query[layer, head, query].double().numpy())
+        assert np.array_equal(pair.q, Q(cap)[layer, head, query].double().numpy())
     with pytest.raises(IndexError):
         neuron_pair(cap, 0, 4, 0, 0)
 
@@ -36,7 +36,7 @@ def test_the_bias_of_relative_position_models_is_in_the_logit():
     model = attnviz.wrap(network, "relpos", "random init", 32)
     cap = attnviz.capture_tensor(model, torch.randn(1, 3, 32, 32))
     pair = neuron_pair(cap, 0, 1, 1, 3)
-    assert pair.bias == pytest.approx(float(cap.bias[0, 1, 1, 3]), abs=1e-12) and pair.bias != 0.0
+    assert pair.bias == pytest.approx(float(BIAS(cap)[0, 1, 1, 3]), abs=1e-12) and pair.bias != 0.0
     assert pair.weight == pytest.approx(float(cap.weights(0, 1)[1, 3]), abs=1e-6)
 
 

@@ -10,7 +10,7 @@ import pytest
 import attnviz
 from attnviz import dataset
 from attnviz.cli import main
-from conftest import ASSETS
+from conftest import ASSETS, Q, K
 from test_qkmap import independent_pca, same_up_to_sign
 
 
@@ -27,7 +27,7 @@ def test_cli_pca_none_equals_independent_pca(tmp_path, real_model, capsys):
     assert [p["kind"] for p in points[:2 * n]] == ["query"] * n + ["key"] * n
     assert [p["token"] for p in points[:2 * n]] == list(range(n)) * 2
     assert {p["photo"] for p in points[2 * n:]} == {photos[1]}
-    stacked = np.concatenate([np.concatenate([c.query[5, 2].double().numpy(), c.key[5, 2].double().numpy()]) for c in caps])
+    stacked = np.concatenate([np.concatenate([Q(c)[5, 2].double().numpy(), K(c)[5, 2].double().numpy()]) for c in caps])
     xy = np.array([[p["x"], p["y"]] for p in points])
     assert same_up_to_sign(independent_pca(stacked), xy) <= 1e-4
     assert "Spearman" in capsys.readouterr().out
@@ -58,13 +58,13 @@ def test_cli_reads_a_runs_stored_captures(tmp_path, real_model):
     out = tmp_path / "run.json"
     assert main(["qk", "--run", str(run), "--layer", "12", "--head", "6", "--normalize", "none", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    stacked = np.concatenate([np.concatenate([c.query[11, 5].double().numpy(), c.key[11, 5].double().numpy()]) for c in caps])
+    stacked = np.concatenate([np.concatenate([Q(c)[11, 5].double().numpy(), K(c)[11, 5].double().numpy()]) for c in caps])
     xy = np.array([[p["x"], p["y"]] for p in doc["points"]])
     assert same_up_to_sign(independent_pca(stacked), xy) <= 1e-4
     # The stored captures are those of the photos: the same q and k as a fresh capture at 56 px.
     small = attnviz.load_model(size=56, device="cpu")
     fresh = attnviz.capture(small, attnviz.load_photo(folder / "cat.jpg", small).image)
-    assert np.abs(fresh.query.numpy() - caps[0].query.numpy()).max() == pytest.approx(0.0, abs=1e-6)
+    assert np.abs(Q(fresh).numpy() - Q(caps[0]).numpy()).max() == pytest.approx(0.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("method, package", [("tsne", "scikit-learn"), ("umap", "umap-learn")])

@@ -10,7 +10,7 @@ from PIL import Image
 
 import attnviz
 from attnviz import qkmap
-from conftest import tiny_vit
+from conftest import tiny_vit, Q, K, SCALE
 
 
 def independent_pca(points: np.ndarray) -> np.ndarray:
@@ -58,8 +58,8 @@ def test_points_are_the_capture_queries_and_keys_and_pca_is_exact(tiny_cap):
         for head in range(cap.num_heads):
             qk = qkmap.qk_map(cap, layer, head, method="pca", normalize="none")
             q, k = by_hand[layer][0][head].double().numpy(), by_hand[layer][1][head].double().numpy()
-            assert np.array_equal(qk.vectors[:n], cap.query[layer, head].double().numpy())  # exactly the capture's
-            assert np.array_equal(qk.vectors[n:], cap.key[layer, head].double().numpy())
+            assert np.array_equal(qk.vectors[:n], Q(cap)[layer, head].double().numpy())  # exactly the capture's
+            assert np.array_equal(qk.vectors[n:], K(cap)[layer, head].double().numpy())
             assert np.abs(qk.vectors[:n] - q).max() < 1e-5 and np.abs(qk.vectors[n:] - k).max() < 1e-5
             assert same_up_to_sign(independent_pca(np.concatenate([q, k])), qk.xy) <= 1e-4
             assert list(qk.kind[:n]) == ["query"] * n and list(qk.kind[n:]) == ["key"] * n
@@ -75,7 +75,7 @@ def test_attentionviz_normalisation_leaves_softmax_unchanged(tiny_cap):
             q, k = qk.vectors[:n], qk.vectors[n:]
             assert np.allclose(q.mean(0), k.mean(0), atol=1e-12)  # centroids coincide
             assert np.isclose(np.linalg.norm(q, axis=1).mean(), np.linalg.norm(k, axis=1).mean())  # norms match
-            logits = q @ k.T * cap.scale
+            logits = q @ k.T * SCALE(cap)
             weights = np.exp(logits - logits.max(1, keepdims=True))
             weights /= weights.sum(1, keepdims=True)
             assert np.abs(weights - cap.weights(layer, head)).max() < 1e-5  # float32 capture vs float64 here
@@ -90,7 +90,7 @@ def test_many_photos_and_top_keys():
     qk = qkmap.qk_map(caps, 1, 2, normalize="none")
     n = caps[0].num_tokens
     assert qk.xy.shape == (3 * 2 * n, 2) and qk.num_photos == 3
-    stacked = np.concatenate([np.concatenate([c.query[1, 2].double().numpy(), c.key[1, 2].double().numpy()]) for c in caps])
+    stacked = np.concatenate([np.concatenate([Q(c)[1, 2].double().numpy(), K(c)[1, 2].double().numpy()]) for c in caps])
     assert np.array_equal(qk.vectors, stacked)
     assert same_up_to_sign(independent_pca(stacked), qk.xy) <= 1e-4
     assert qk.index(2, 5, key=True) == 2 * 2 * n + n + 5 and qk.photo[qk.index(2, 5, True)] == 2
@@ -127,7 +127,7 @@ def test_statistics_of_a_map(tiny_cap):
     qk = qkmap.qk_map(cap, 0, 1, normalize="none")
     stats = qkmap.statistics(qk)
     n = cap.num_tokens
-    logits = (cap.query[0, 1].double() @ cap.key[0, 1].double().T).numpy().ravel()
+    logits = (Q(cap)[0, 1].double() @ K(cap)[0, 1].double().T).numpy().ravel()
     dist = np.linalg.norm(qk.xy[:n, None] - qk.xy[None, n:], axis=-1).ravel()
     rank = lambda v: np.argsort(np.argsort(v))  # noqa: E731
     assert stats.distance_rho == pytest.approx(np.corrcoef(rank(logits), rank(dist))[0, 1], abs=1e-12)
@@ -184,7 +184,7 @@ def test_real_model_pca_equals_independent_pca(real_model, cat):
     cap = attnviz.capture(real_model, cat)
     n = cap.num_tokens
     qk = qkmap.qk_map(cap, 5, 2, normalize="none")
-    q, k = cap.query[5, 2].double().numpy(), cap.key[5, 2].double().numpy()
+    q, k = Q(cap)[5, 2].double().numpy(), K(cap)[5, 2].double().numpy()
     assert np.array_equal(qk.vectors, np.concatenate([q, k])) and qk.xy.shape == (2 * n, 2)
     assert same_up_to_sign(independent_pca(np.concatenate([q, k])), qk.xy) <= 1e-4
     stats = qkmap.statistics(qkmap.qk_map(cap, 5, 2))
@@ -240,8 +240,8 @@ def test_patch_search_by_hand():
     torch.manual_seed(3)
     caps = [attnviz.capture_tensor(model, torch.randn(1, 3, 32, 32)) for _ in range(4)]
     found = qkmap.patch_search(caps, 1, 3, photo=2, token=6, count=5)
-    q = caps[2].query[1, 3, 6].double()
-    every = [(float(caps[i].key[1, 3, j].double() @ q) * caps[0].scale, i, j)
+    q = Q(caps[2])[1, 3, 6].double()
+    every = [(float(K(caps[i])[1, 3, j].double() @ q) * SCALE(caps[0]), i, j)
              for i in (0, 1, 3) for j in range(1, 17)]  # other photos, patch keys only
     every.sort(key=lambda e: -e[0])
     assert [(m.photo, m.token) for m in found] == [(i, j) for _, i, j in every[:5]]

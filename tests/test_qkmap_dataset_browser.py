@@ -15,6 +15,7 @@ from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (auto
 from serve import PHONE_UA, SHOTS, chromium, require_chromium, settle, streamlit_server
 from test_qkmap_browser import pick
 from test_qkmap_dataset_page import by_hand
+from conftest import Q, K, SCALE
 
 SIZES = {
     "desktop": dict(viewport={"width": 1400, "height": 1000}),
@@ -38,8 +39,8 @@ def expected_matches(root: Path, lang: str, photo: int, row: int, col: int, coun
     """The patch search's first captions, by hand: photo ``photo``'s query of patch (row, col), 1-based, on the
     4 × 4 grid, against every patch key of the other photos of layer 12, head 1; the largest q·k·scale first."""
     stored, paths = attnviz.qkmap.run_captures(root / "kept")
-    q = stored[photo].query[11, 0, 1 + (row - 1) * 4 + (col - 1)].double()
-    found = sorted(((float(stored[i].key[11, 0, j].double() @ q) * stored[0].scale, i, j)
+    q = Q(stored[photo])[11, 0, 1 + (row - 1) * 4 + (col - 1)].double()
+    found = sorted(((float(K(stored[i])[11, 0, j].double() @ q) * SCALE(stored[0]), i, j)
                     for i in range(len(stored)) if i != photo for j in range(1, 17)), reverse=True)[:count]
     return [i18n.text(lang, "qkmap.search_match", rank=rank, name=Path(paths[i]).name, logit=logit,
                       patch=i18n.text(lang, "analysis.patch", row=(j - 1) // 4 + 1, col=(j - 1) % 4 + 1))

@@ -11,7 +11,7 @@ import attnviz
 from attnviz import i18n, qkmap
 from attnviz_app import qk_scatter
 from attnviz.dataset import RunConfig, run_local
-from conftest import APP
+from conftest import APP, Q, K, SCALE
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
 
 
@@ -36,15 +36,15 @@ def by_hand(root: Path, layer: int, head: int):
     files = sorted((root / "kept" / "captures").glob("*.npz"))
     caps = [attnviz.load_capture(f) for f in files]
     n = caps[0].num_tokens
-    vectors = np.concatenate([np.concatenate([c.query[layer, head].double().numpy(), c.key[layer, head].double().numpy()])
+    vectors = np.concatenate([np.concatenate([Q(c)[layer, head].double().numpy(), K(c)[layer, head].double().numpy()])
                               for c in caps])
     centred = vectors - vectors.mean(0)
     u, s, _ = np.linalg.svd(centred, full_matrices=False)
     xy = u[:, :2] * s[:2]
     logits, dist = [], []
     for i, c in enumerate(caps):
-        q, k = c.query[layer, head].double().numpy(), c.key[layer, head].double().numpy()
-        logits.append((q @ k.T * c.scale).ravel())
+        q, k = Q(c)[layer, head].double().numpy(), K(c)[layer, head].double().numpy()
+        logits.append((q @ k.T * SCALE(c)).ravel())
         block = xy[i * 2 * n:(i + 1) * 2 * n]
         dist.append(np.linalg.norm(block[:n, None] - block[None, n:], axis=-1).ravel())
     logits, dist = np.concatenate(logits), np.concatenate(dist)
@@ -71,8 +71,8 @@ def test_dataset_qk_map_and_patch_search(runs, monkeypatch, lang):
     assert i18n.text(lang, "qkmap.dataset_caption", photos=4, points=4 * 2 * 17) in [c.value for c in at.caption]
     # The patch search: photo 0 (path order), patch (2, 3); its query against every other photo's patch keys.
     stored, paths = attnviz.qkmap.run_captures(runs / "kept")
-    q = stored[0].query[11, 0, 1 + 1 * 4 + 2].double()
-    found = sorted(((float(stored[i].key[11, 0, j].double() @ q) * stored[0].scale, i, j)
+    q = Q(stored[0])[11, 0, 1 + 1 * 4 + 2].double()
+    found = sorted(((float(K(stored[i])[11, 0, j].double() @ q) * SCALE(stored[0]), i, j)
                     for i in range(1, 4) for j in range(1, 17)), reverse=True)[:8]
     shown = " ".join(img.caption for el in at.get("image") for img in el.proto.imgs)
     for rank, (logit, i, j) in enumerate(found, 1):

@@ -21,7 +21,7 @@ import attnviz
 from attnviz import ModelError, runtimes
 from attnviz.capture import capture_tensor
 from attnviz.live import LiveSettings, heatmap_frame
-from conftest import tiny_vit
+from conftest import tiny_vit, Q, K
 from test_families import FAMILIES, build, eager_weights
 
 RUNTIMES = sorted(runtimes.RUNTIMES)
@@ -73,7 +73,7 @@ def test_tiny_runtime_q_and_k_equal_a_plain_loop_on_every_layer(tiny_fast):
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     got = tiny_fast.runtime.forward(x)
     q, k = loop_qk(tiny_fast.network, x)
-    assert got.query.shape == got.key.shape == (2, 4, 17, 8)
+    assert got.query.shape == got.key.shape == (2, 4, 17, 8)  # the runtime's own (L, H, N, d_k) outputs
     assert float(q.abs().max()) > 0.1  # not a trivially small comparison
     for layer in range(2):
         assert float((got.query[layer] - q[layer]).abs().max()) <= 1e-5
@@ -91,7 +91,8 @@ def test_tiny_runtime_capture_weights_equal_pytorch_capture(tiny, tiny_fast):
         assert float((w - torch_cap.layer_weights(layer)).abs().max()) <= 1e-5
         assert float((w.double() - reference[layer]).abs().max()) <= 1e-5
     assert fast_cap.cls_map(1, "mean").shape == (4, 4)
-    np.testing.assert_allclose(fast_cap.token_norms.numpy(), torch_cap.token_norms.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(torch.stack(fast_cap.token_norms).numpy(), torch.stack(torch_cap.token_norms).numpy(),
+                               rtol=1e-5, atol=1e-6)
 
 
 @needs_extra
@@ -210,12 +211,12 @@ def test_real_model_on_the_runtime_is_exact(real_model, runtime, cache):
     x = real_model.to_input(real_model.view(photo))
     fast_cap, torch_cap = capture_tensor(fast_model, x), capture_tensor(real_model, x)
     q64, k64 = loop_qk(copy.deepcopy(real_model.network).double(), x.double())  # float64, by hand
-    assert fast_cap.query.shape == (12, 6, 197, 64)
+    assert Q(fast_cap).shape == (12, 6, 197, 64)
     for layer in range(12):
         # q and k within 1e-5 of each layer's largest value (float32 PyTorch is itself ~2e-5 from float64)
         scale = float(q64[layer].abs().max()), float(k64[layer].abs().max())
-        assert float((fast_cap.query[layer] - torch_cap.query[layer]).abs().max()) <= 1e-5 * scale[0]
-        assert float((fast_cap.key[layer] - torch_cap.key[layer]).abs().max()) <= 1e-5 * scale[1]
+        assert float((Q(fast_cap)[layer] - Q(torch_cap)[layer]).abs().max()) <= 1e-5 * scale[0]
+        assert float((K(fast_cap)[layer] - K(torch_cap)[layer]).abs().max()) <= 1e-5 * scale[1]
         reference = loop_weights(q64[layer][None], k64[layer][None])[0]
         assert float((fast_cap.layer_weights(layer).double() - reference).abs().max()) <= 1e-5
         assert float((fast_cap.layer_weights(layer) - torch_cap.layer_weights(layer)).abs().max()) <= 1e-5
@@ -301,7 +302,7 @@ def test_ctrl_c_after_a_runtime_model_was_released_is_a_keyboard_interrupt(tmp_p
 import gc, os, signal, time
 import torch, attnviz
 from attnviz import faithfulness
-from conftest import tiny_vit
+from conftest import tiny_vit, Q, K
 def run():
     model = attnviz.fast(tiny_vit(), "openvino", cache={str(tmp_path)!r})
     faithfulness.faithfulness(model, attnviz.capture_tensor(model, torch.rand(1, 3, 32, 32)), fill="token")

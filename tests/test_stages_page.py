@@ -234,7 +234,7 @@ def test_a_live_frame_of_a_swin_is_the_summary_map_at_its_stage_grid(swin_folder
     cap = attnviz.capture(model, photo)
     for layer, head, grid in ((1, 2, (56, 56)), (11, 23, (7, 7)), (0, 5, (56, 56))):  # head 5 > stage 1's 3: mean
         frame = heatmap_frame(photo, LiveSettings(model, layer=layer, head=head))
-        expected = cap.summary_map(layer, head if head < cap.num_heads(layer) else "mean")
+        expected = cap.summary_map(layer, head if head < cap.heads(layer) else "mean")
         assert frame.cls_map.shape == grid
         np.testing.assert_allclose(frame.cls_map, expected, atol=1e-6)
 
@@ -255,22 +255,21 @@ def _export(swin_folder, out, *options):
 
 def test_export_of_a_swin_writes_its_stages_and_reads_back_the_same_weights(swin_folder, tmp_path):
     """``attnviz export`` of a staged model: per-layer queries and keys (qk) or weights (full), the layouts in
-    the meta; load_capture gives a StagedCapture whose every weight equals a fresh capture's."""
+    the meta; load_capture gives a Capture whose every weight equals a fresh capture's."""
     from conftest import ASSETS
     from PIL import Image
 
     from attnviz.export import load_capture, read_meta
-    from attnviz.stages import StagedCapture
 
     out = tmp_path / "out"
     run = _export(swin_folder, out, "--format", "full", "--gif")
     assert run.returncode == 0, run.stderr
     saved = load_capture(out / "cat.npz")
-    assert isinstance(saved, StagedCapture) and saved.stages == ((0, 1), (2, 3), (4, 5, 6, 7, 8, 9), (10, 11))
+    assert isinstance(saved, attnviz.Capture) and not saved.uniform and saved.stages == ((0, 1), (2, 3), (4, 5, 6, 7, 8, 9), (10, 11))
     model = attnviz.load_model(ARCH, 224, checkpoint=swin_folder / f"{ARCH}--random.safetensors")
     fresh = attnviz.capture(model, Image.open(ASSETS / "cat.jpg"))
     meta = read_meta(out / "cat.npz")
-    assert meta["capture"]["type"] == "StagedCapture"
+    assert meta["capture"]["type"] == "Capture"
     assert meta["attention"]["shapes"][0] == [3, 3136, 3136] and meta["attention"]["shapes"][-1] == [24, 49, 49]
     with np.load(out / "cat.npz") as z:
         for layer in (0, 1, 11):  # stage 1 unshifted and shifted, stage 4
@@ -284,14 +283,26 @@ def test_export_of_a_swin_writes_its_stages_and_reads_back_the_same_weights(swin
         assert gif.n_frames == 12  # one per (stage, block)
 
 
-def test_export_of_a_swin_says_in_one_line_what_needs_one_grid(swin_folder, tmp_path):
-    """--rollout needs one token grid throughout: one line, exit code 2, nothing written. --html writes the page."""
+def test_export_of_a_swin_rolls_out_its_last_stage_and_refuses_rollout_across_stages(swin_folder, tmp_path):
+    """--rollout multiplies matrices over one token set: a Swin's is its last stage (layers 11–12, 7 × 7); across a
+    change of grid the library refuses in one sentence. --html writes the page."""
+    from conftest import ASSETS
+    from PIL import Image
+
+    from attnviz.rollout import layer_flow, rollout_map
+
     out = tmp_path / "rollout"
     run = _export(swin_folder, out, "--rollout")
-    assert run.returncode == 2 and "Traceback" not in run.stderr
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].endswith("--rollout is not defined for it. Nothing was exported."), errors
-    assert not out.exists() or not any(out.iterdir())
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    model = attnviz.load_model(ARCH, 224, checkpoint=swin_folder / f"{ARCH}--random.safetensors")
+    fresh = attnviz.capture(model, Image.open(ASSETS / "cat.jpg"))
+    flows = [layer_flow(fresh.layer_weights(layer).double()) for layer in (10, 11)]  # (49, 49) each, rows sum to 1
+    mean_patch_rows = torch.full((49,), 1 / 49, dtype=torch.float64) @ flows[1] @ flows[0]  # no class token
+    with np.load(out / "cat.npz") as z:
+        assert z["rollout"].shape == (7, 7)
+        np.testing.assert_allclose(z["rollout"].ravel(), mean_patch_rows.numpy(), atol=1e-6)
+    with pytest.raises(attnviz.LayoutError, match=r"layers 1–12 of this model attend over different token grids.*11–12"):
+        rollout_map(fresh, 0, 11)
     out = tmp_path / "html"
     run = _export(swin_folder, out, "--html")
     assert run.returncode == 0 and run.stderr == "", run.stderr
@@ -531,3 +542,18 @@ def test_the_dataset_page_shows_a_swin_run_on_each_layers_grid(swin_run, monkeyp
     assert [c.split(" · ")[0] for c in captions] == [p.rsplit("/", 1)[1] for p in rows["path"]]
     assert f"{rows['distance_px'].iloc[0]:.1f}" in captions[0]
     assert i18n.text(lang, "dataset.maps_note_staged", layer=2, head=3, h=56, w=56) in " ".join(c.value for c in at.caption)
+
+
+@pytest.mark.parametrize("lang, said", [
+    ("en", "has 12 layers in 4 stages with their own grids (56 × 56, 28 × 28, 14 × 14, 7 × 7)"),
+    ("zh-TW", "的 12 層分成 4 個階段，各有自己的網格（56 × 56、28 × 28、14 × 14、7 × 7）")])
+def test_the_lesson_on_a_swin_says_in_one_sentence_what_it_follows_and_never_fails(owner, lang, said):
+    """The lesson follows one N × N matrix per layer over one grid (issue #45 saw Streamlit's error box here)."""
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state["lang"] = lang
+    at.query_params.update({"model": CHOICE})
+    at.switch_page("screens/lesson.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
+    info = " ".join(i.value for i in at.info)
+    assert said in info, info
+    assert not at.latex  # no step drawn from a matrix the model does not have

@@ -13,7 +13,7 @@ import attnviz
 from attnviz.images import open_image
 from attnviz.masks import mass_mask
 from attnviz.rollout import rollout_map
-from conftest import APP, ASSETS, ROOT
+from conftest import APP, ASSETS, ROOT, Q, K
 
 ANALYSIS_VIEWS = ("query", "matrix", "heads", "rollout", "mask", "stats", "relevance")
 
@@ -71,7 +71,7 @@ def test_query_view_any_token(app, page_capture):
     own = page_capture.row(11, "mean", 0)[0]
     assert f"**{own:.4f}**" in app.markdown[-1].value
     # the prefix tokens' table: the class token's weight recomputed from the layer's q and k, mean of the heads
-    q, k = page_capture.query[11].double(), page_capture.key[11].double()  # (H, N, d)
+    q, k = Q(page_capture)[11].double(), K(page_capture)[11].double()  # (H, N, d)
     weights = ((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5).softmax(-1).mean(0)
     table = next(m.value for m in app.markdown if m.value.startswith("| key token | attention weight |"))
     assert f"| class token [CLS] | {float(weights[0, 0]):.4f} |" in table.splitlines(), table

@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from streamlit.testing.v1 import AppTest
+from conftest import Q, K, SCALE
 
 SVG = "{http://www.w3.org/2000/svg}"
 VIEWS = ("stats", "faithfulness", "norms", "ablation", "neuron", "qkmap")
@@ -263,8 +264,8 @@ def test_show_data_opens_the_numbers_each_chart_draws(lang):
         assert shown == headers, (view, shown)
 
     def cls_rows(layer: int) -> np.ndarray:  # (H, N), the class token's softmax(q kᵀ · scale), independently
-        q, k = cap.query[layer].double().numpy(), cap.key[layer].double().numpy()  # (H, N, d)
-        logits = np.einsum("hd,hnd->hn", q[:, 0], k) * cap.scale
+        q, k = Q(cap)[layer].double().numpy(), K(cap)[layer].double().numpy()  # (H, N, d)
+        logits = np.einsum("hd,hnd->hn", q[:, 0], k) * SCALE(cap)
         e = np.exp(logits - logits.max(-1, keepdims=True))
         return e / e.sum(-1, keepdims=True)
 
@@ -283,7 +284,7 @@ def test_show_data_opens_the_numbers_each_chart_draws(lang):
         assert row.iloc[2] == i18n.text(lang, "analysis.patch", row=top // w + 1, col=top % w + 1), row.iloc[2]
         assert abs(row.iloc[3] - patches[top]) <= 1e-6
     strip = tables["neuron"][2]
-    q, k = cap.query[1, 0].double().numpy(), cap.key[1, 0].double().numpy()
+    q, k = Q(cap)[1, 0].double().numpy(), K(cap)[1, 0].double().numpy()
     query_token, key_token = 1 + 2 * w + 2, 1 + 2 * w + 3  # the harness's neuron pair: patches (2, 2) and (2, 3)
     np.testing.assert_allclose(strip.iloc[:, 1], q[query_token], atol=1e-6)
     np.testing.assert_allclose(strip.iloc[:, 2], k[key_token], atol=1e-6)

@@ -21,7 +21,7 @@ def test_token_norms_are_the_block_outputs(tiny):
     for h in hooks:
         h.remove()
     cap = capture_tensor(tiny, x)
-    assert cap.token_norms.shape == (2, 17)
+    assert torch.stack(cap.token_norms).shape == (2, 17)  # (N,) after each layer
     for layer in range(2):
         torch.testing.assert_close(cap.token_norms[layer], outputs[layer])
         patches = outputs[layer][1:].double()
@@ -31,9 +31,9 @@ def test_token_norms_are_the_block_outputs(tiny):
 def test_high_norm_marks_a_planted_outlier(tiny):
     cap = capture_tensor(tiny, torch.randn(1, 3, 32, 32))
     assert cap.high_norm_layers() == []  # a random ViT has none
-    norms = cap.token_norms.clone()
-    norms[1, 1 + 6] = 10 * norms[1, 1:].median()  # patch (1, 2) after layer 2
-    planted = attnviz.Capture(**{**cap.__dict__, "token_norms": norms})
+    norms = [n.clone() for n in cap.token_norms]
+    norms[1][1 + 6] = 10 * norms[1][1:].median()  # patch (1, 2) after layer 2
+    planted = attnviz.Capture(**{**cap.__dict__, "token_norms": tuple(norms)})
     assert planted.high_norm_layers() == [1]
     expected = np.zeros((4, 4), dtype=bool)
     expected[1, 2] = True

@@ -125,9 +125,9 @@ def test_swin_layers_are_stage_and_block_with_their_own_grid_and_windows():
 
     network, cap = swin_capture("swin_tiny_patch4_window7_224", 112)
     assert cap.stages == ((0, 1), (2, 3))
-    assert [cap.grid(i) for i in range(4)] == [(28, 28), (28, 28), (14, 14), (14, 14)]
+    assert [cap.layout(i).grid for i in range(4)] == [(28, 28), (28, 28), (14, 14), (14, 14)]
     assert [cap.layout(i).patch for i in range(4)] == [4, 4, 8, 8]
-    assert [cap.num_heads(i) for i in range(4)] == [2, 2, 4, 4]
+    assert [cap.heads(i) for i in range(4)] == [2, 2, 4, 4]
     # the window partition, by a plain loop: window (a, b), row (i, j) is the token the shift brought there
     for layer in range(4):
         lay = cap.layout(layer)
@@ -326,8 +326,8 @@ def test_conv_stage_layers_read_their_feature_map_in_raster_order(name, kwargs, 
     import torch
 
     network, model, cap, seen = global_capture(name, kwargs)
-    assert [cap.grid(layer) for layer in range(cap.num_layers)] == grids
-    assert [cap.num_heads(layer) for layer in range(cap.num_layers)] == [heads] * len(grids)
+    assert [cap.layout(layer).grid for layer in range(cap.num_layers)] == grids
+    assert [cap.heads(layer) for layer in range(cap.num_layers)] == [heads] * len(grids)
     for layer, record in enumerate(seen):
         lay = cap.layout(layer)
         h, w = record["input"].shape[-2:]  # the feature map the attention module is called on

@@ -46,9 +46,9 @@ def test_pit_layers_are_one_window_of_every_token_with_the_class_tokens_first(na
 
     network, x, cap = small_capture(name, SMALL_PIT, 64)
     assert cap.stages == ((0,), (1,), (2,))
-    assert [cap.grid(i) for i in range(3)] == [(7, 7), (4, 4), (2, 2)]  # (64 − 16) / 8 + 1, then stride-2 pooling
+    assert [cap.layout(i).grid for i in range(3)] == [(7, 7), (4, 4), (2, 2)]  # (64 − 16) / 8 + 1, then stride-2 pooling
     assert [cap.layout(i).patch for i in range(3)] == [8, 16, 32]
-    assert [cap.num_heads(i) for i in range(3)] == [2, 4, 8]
+    assert [cap.heads(i) for i in range(3)] == [2, 4, 8]
     # the model's own token layout: each stage's tokens are cat(class tokens, x.flatten(2).transpose(1, 2)),
     # i.e. the prefix, then the stage's (h, w) feature map in raster order; every token attends to every token
     maps = []
@@ -89,7 +89,7 @@ def test_cait_talking_heads_then_class_attention_with_the_class_token_the_one_qu
 
     network, x, cap = small_capture("cait_xxs24_224", SMALL_CAIT, 64, peaked=True)
     assert cap.stages == ((0, 1), (2, 3))
-    assert all(cap.grid(i) == (4, 4) for i in range(4))
+    assert all(cap.layout(i).grid == (4, 4) for i in range(4))
     # the model's own token layout: the talking-heads blocks see the 16 patches alone, raster order
     # (PatchEmbed's flatten); the class-attention blocks attend from cat(x_cls, x): the class token first
     seen = block_inputs(network, list(network.blocks), x)

@@ -45,7 +45,7 @@ def test_gpsa_layers_are_the_patches_alone_then_mhsa_layers_have_the_class_token
 
     network, _, x, cap = small_capture()
     assert cap.stages == ((0, 1), (2,))
-    assert all(cap.grid(i) == (4, 4) for i in range(3))
+    assert all(cap.layout(i).grid == (4, 4) for i in range(3))
     # the model's own token layout: the GPSA blocks see PatchEmbed's 16 patches (raster order, flatten);
     # before block local_up_to_layer timm puts cat(cls_token, x): the class token first, then the patches
     seen = attention_inputs(network, x)

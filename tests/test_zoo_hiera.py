@@ -32,7 +32,7 @@ def test_hiera_windows_are_its_unrolled_mask_units_and_pooled_queries():
     network, _, _, cap = small_capture("hiera_tiny_224", SMALL_HIERA, 224)
     # stages (1, 2, 2, 1): pooled queries at blocks 1, 3, 5; mask units at blocks 0-3, global after
     assert cap.stages == ((0,), (1, 2), (3, 4), (5,))
-    assert [cap.grid(i) for i in range(6)] == [(56, 56), (28, 28), (28, 28), (14, 14), (14, 14), (7, 7)]
+    assert [cap.layout(i).grid for i in range(6)] == [(56, 56), (28, 28), (28, 28), (14, 14), (14, 14), (7, 7)]
     assert [cap.layout(i).keys_grid for i in range(6)] == [(56, 56), (56, 56), (28, 28), (28, 28), (14, 14), (14, 14)]
     assert [cap.layout(i).num_windows for i in range(6)] == [49, 49, 49, 49, 1, 1]
     assert [cap.layout(i).windows.shape[1] for i in range(6)] == [64, 16, 16, 4, 196, 49]
@@ -91,7 +91,7 @@ def test_hieradet_windows_are_its_window_partition_and_pooled_queries():
     network, _, _, cap = small_capture("sam2_hiera_tiny", SMALL_HIERADET, 224)
     # stages (1, 2, 2, 1), window_spec (8, 4, 14, 7), block 4 global; pooled queries at blocks 1, 3, 5
     assert cap.stages == ((0,), (1, 2), (3, 4), (5,))
-    assert [cap.grid(i) for i in range(6)] == [(56, 56), (28, 28), (28, 28), (14, 14), (14, 14), (7, 7)]
+    assert [cap.layout(i).grid for i in range(6)] == [(56, 56), (28, 28), (28, 28), (14, 14), (14, 14), (7, 7)]
     assert [cap.layout(i).keys_grid for i in range(6)] == [(56, 56), (56, 56), (28, 28), (28, 28), (14, 14), (14, 14)]
     assert [cap.layout(i).num_windows for i in range(6)] == [49, 49, 49, 49, 1, 1]
     assert [cap.layout(i).windows.shape[1] for i in range(6)] == [64, 16, 16, 4, 196, 49]

@@ -47,8 +47,8 @@ def test_mvitv2_layers_are_every_pooled_query_against_every_pooled_key(name):
         assert lay.windows.tolist() == [list(range(cls + q_grids[layer][0] * q_grids[layer][1]))]
         assert lay.keys.tolist() == [list(range(cls + k_grids[layer][0] * k_grids[layer][1]))]
         assert lay.patch == 64 // lay.grid[0]
-    assert [cap.grid(i) for i in cap.stages[0]] == [(16, 16)] and cap.layout(0).keys_grid == (4, 4)
-    assert cap.grid(cap.stages[-1][0]) == (2, 2)
+    assert [cap.layout(i).grid for i in cap.stages[0]] == [(16, 16)] and cap.layout(0).keys_grid == (4, 4)
+    assert cap.layout(cap.stages[-1][0]).grid == (2, 2)
     assert cap.summary == ("cls" if cls else "mean_received")
     # a row of the whole-image matrix is a distribution over the keys (their grid, not the queries')
     m = cap.query_map(3, 0, cls)
@@ -60,7 +60,7 @@ def test_sam_layers_are_timm_window_partition_or_global():
     from timm.models.vision_transformer_sam import window_partition
 
     network, _, cap = small_capture("samvit_base_patch16", 448, **SMALL_SAM)
-    assert cap.num_layers == 3 and all(cap.grid(i) == (28, 28) for i in range(3))
+    assert cap.num_layers == 3 and all(cap.layout(i).grid == (28, 28) for i in range(3))
     tokens = torch.arange(28 * 28, dtype=torch.float64).reshape(1, 28, 28, 1)
     for layer, block in enumerate(network.blocks):
         lay = cap.layout(layer)

@@ -50,9 +50,9 @@ def test_levit_layers_are_stages_with_sub_sampled_queries(name):
 
     network, cap = small_capture(name, SMALL_LEVIT, 112)
     assert cap.stages == ((0,), (1, 2))
-    assert [cap.grid(i) for i in range(3)] == [(7, 7), (4, 4), (4, 4)]
+    assert [cap.layout(i).grid for i in range(3)] == [(7, 7), (4, 4), (4, 4)]
     assert [cap.layout(i).keys_grid for i in range(3)] == [(7, 7), (7, 7), (4, 4)]
-    assert [cap.num_heads(i) for i in range(3)] == [2, 4, 3]  # the downsampling layer: in_dim // key_dim heads
+    assert [cap.heads(i) for i in range(3)] == [2, 4, 3]  # the downsampling layer: in_dim // key_dim heads
     down = network.stages[1].downsample.attn_downsample
     assert type(down) is AttentionDownsample
     check_subsampled_queries(cap.layout(1), down.q.down, channels_last=not network.use_conv)
@@ -75,7 +75,7 @@ def test_efficientformer_v2_layers_are_strided_and_sub_sampled():
     network, cap = small_capture("efficientformerv2_s0", SMALL_EFV2, 128)
     assert cap.stages == ((0,), (1, 2))
     assert [cap.layout(i).stage for i in range(3)] == [2, 3, 3]
-    assert [cap.grid(i) for i in range(3)] == [(4, 4), (4, 4), (4, 4)]
+    assert [cap.layout(i).grid for i in range(3)] == [(4, 4), (4, 4), (4, 4)]
     assert [cap.layout(i).keys_grid for i in range(3)] == [(4, 4), (8, 8), (4, 4)]
     strided = network.stages[2].blocks[1].token_mixer
     assert type(strided) is Attention2d and strided.stride_conv is not None

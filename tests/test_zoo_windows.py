@@ -40,7 +40,7 @@ def test_swin_cr_windows_are_the_models_own_partition_after_its_shift():
     network, x, cap = wrapped_capture("swinv2_cr_tiny_224", 128, **SMALL_SWIN)
     blocks = [b for stage in network.stages for b in stage.blocks]
     assert cap.stages == ((0, 1), (2, 3)) and len(blocks) == 4
-    assert [cap.grid(i) for i in range(4)] == [(32, 32), (32, 32), (16, 16), (16, 16)]
+    assert [cap.layout(i).grid for i in range(4)] == [(32, 32), (32, 32), (16, 16), (16, 16)]
     assert [cap.layout(i).patch for i in range(4)] == [4, 4, 8, 8]
     for layer, block in enumerate(blocks):
         lay = cap.layout(layer)
@@ -61,7 +61,7 @@ def test_nest_windows_are_the_models_own_blocks_at_every_level():
 
     network, x, cap = wrapped_capture("nest_tiny", 64)
     assert cap.stages == ((0, 1), (2, 3), tuple(range(4, 12)))
-    assert [cap.grid(i) for i in (0, 2, 4)] == [(16, 16), (8, 8), (4, 4)]
+    assert [cap.layout(i).grid for i in (0, 2, 4)] == [(16, 16), (8, 8), (4, 4)]
     assert [cap.layout(i).patch for i in (0, 2, 4)] == [4, 8, 16]
     assert [cap.layout(i).num_windows for i in (0, 2, 4)] == [16, 4, 1]  # the last level: one block
     for layer in range(cap.num_layers):

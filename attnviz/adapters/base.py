@@ -75,8 +75,8 @@ class Adapter:
 
     def eager_refusal(self, network: torch.nn.Module) -> str | None:
         """Why :meth:`attention_forward` refuses ``network`` (one sentence), or None when it runs."""
-        return (f"{type(network).__name__} is not a timm Vision Transformer; "
-                "class-specific maps support plain timm ViTs only.")
+        return (f"Class-specific maps need the gradient of every attention weight from an eager forward pass, which "
+                f"attnviz has for plain ViTs, not yet for {self.family} ({type(network).__name__}).")
 
     def attention_forward(
         self, network: torch.nn.Module, x: torch.Tensor

@@ -325,10 +325,11 @@ def mismatch(model: Model, runtime: Runtime, x: torch.Tensor | None = None) -> s
     reference = capture_tensor(model, x)
     got = runtime.forward(x)
     fast_cap = capture_tensor(dataclasses.replace(model, runtime=runtime), x)
-    pairs = [(f"layer {i}'s {what} differ", getattr(reference, attr)[i], getattr(got, out)[i])
+    pairs = [(f"layer {i}'s {what} differ", mine, getattr(got, out)[i])
              for i in range(reference.num_layers)
-             for what, attr, out in (("queries", "query", "query"), ("keys", "key", "key"),
-                                     ("token norms", "token_norms", "norms"))]
+             for what, mine, out in (("queries", reference.query[i][:, 0], "query"),  # (H, N, d_k): one window
+                                     ("keys", reference.key[i][:, 0], "key"),
+                                     ("token norms", reference.token_norms[i], "norms"))]
     pairs.append(("the output differs", reference.output[None], got.output[None]))
     for what, ref, val in pairs:
         why = differs(what, ref, val)

@@ -26,7 +26,6 @@ with startup.importing():
     from attnviz.errors import RunFileError
     from attnviz.images import ImageError
     from attnviz.models import ModelError
-    from attnviz.stages import StagedCapture
     from attnviz_app.settings import Settings
     from attnviz_app.text import listed, t
 
@@ -272,8 +271,7 @@ def page() -> None:
                 except (ValueError, ModelError) as e:  # the model refuses the picture (e.g. a size it cannot take)
                     st.warning(t("dataset.map_unusable", name=name, reason=ui.escape_markdown(str(e))))
                     continue
-                model_heads = (tuple(lay.num_heads for lay in cap.layouts) if isinstance(cap, StagedCapture)
-                               else (cap.num_heads,) * cap.num_layers)
+                model_heads = tuple(lay.num_heads for lay in cap.layouts)
                 if model_heads != tuple(run.heads_of(i) for i in range(run.num_layers)):
                     st.warning(t("dataset.model_layout", layers=run.num_layers, heads=run.num_heads,
                                  model_layers=cap.num_layers, model_heads=max(model_heads, default=0)))

@@ -56,7 +56,7 @@ def page() -> None:
         panel, result = st.container(), st.container()
 
     photo = links.sample_shown()
-    if getattr(cap, "stages", None):  # stages and windows (Swin): Stage and Block, the grid of each stage
+    if not cap.uniform:  # layers that differ (Swin's stages and windows): Stage and Block, each layer's own grid
         from attnviz_app.views import stages
 
         with result, st.container(key="result"):

@@ -18,7 +18,7 @@ with startup.importing():
 
     from attnviz_app import classroom, heavy, links, sources, ui
     from attnviz import Capture, Model, lesson, render
-    from attnviz_app.text import t
+    from attnviz_app.text import listed, t
     from attnviz_app.views.base import patch_named
     from attnviz_app.views.common import described
 
@@ -244,8 +244,9 @@ def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
         "lesson.qkv.numbers", n=s.tokens, prefix=s.prefix_tokens, h=h, w=w, d=s.embed_dim, heads=s.heads,
         dk=s.head_dim, layers=s.layers, rows=s.qkv_weight[0], cols=s.qkv_weight[1], patch=s.patch,
     ))
-    q = cap.query[layer, head].cpu().numpy()  # (N, d_k)
-    k = cap.key[layer, head].cpu().numpy()  # (N, d_k)
+    window = cap.window(layer, 0)  # every token, in a plain ViT
+    q = window.query[head].cpu().numpy()  # (N, d_k)
+    k = window.key[head].cpu().numpy()  # (N, d_k)
     weights = cap.weights(layer, head)  # (N, N)
     cell = max(1, 200 // s.tokens)
     left, mid, right = st.columns([1, 2, 2])
@@ -386,7 +387,7 @@ def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: i
     right.image(render.outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1),
                 width=DISPLAY_PX)
 
-    st.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.query.shape[-1]}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
+    st.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.layout(layer).head_dim}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
     st.latex(rf"s_{{ij}} = \frac{{q_i\cdot k_j}}{{\sqrt{{d_k}}}} = {pair.dot:.4f} \times {pair.scale:g} = {pair.scaled:.4f}")
     st.latex(
         rf"a_{{ij}} = \frac{{e^{{s_{{ij}}}}}}{{\sum_{{m=1}}^{{{cap.num_tokens}}} e^{{s_{{im}}}}}}"
@@ -397,7 +398,7 @@ def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: i
 
 
 def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
-    s_heads, d_k = cap.num_heads, cap.query.shape[-1]
+    s_heads, d_k = cap.num_heads, cap.layouts[0].head_dim
     st.markdown(t("lesson.heads.intro", heads=s_heads, layer=layer + 1))
     per_row = min(s_heads, 6)
     for start in range(0, s_heads, per_row):
@@ -562,6 +563,10 @@ def page() -> None:
 
     model = ui.model_or_stop(settings)
     checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE)
+    if not cap.uniform:  # the lesson's steps follow one N × N matrix per layer over one token grid
+        st.info(t("lesson.one_grid", model=model.public_name, layers=cap.num_layers, stages=len(cap.stages),
+                  grids=listed(f"{cap.layout(s[0]).grid[0]} × {cap.layout(s[0]).grid[1]}" for s in cap.stages)))
+        return
     view = model.view(checked.image, settings.fit)
     photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]),
                     width=min(view.width, 280))  # its own size: a phone's one column no longer stretches it to the full width

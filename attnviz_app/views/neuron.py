@@ -94,7 +94,7 @@ def show(ctx: Context) -> None:
                   n=pair.num_tokens, weight=pair.weight))
     captured = float(cap.weights(ctx.layer, head)[query, key])
     st.caption(t("neuron_page.check", i=query, j=key, weight=captured, diff=abs(captured - pair.weight)))
-    if cap.bias is None:
+    if cap.bias[ctx.layer] is None:
         st.caption(t("neuron_page.no_bias"))
     if "RoPE" in getattr(ctx.model.adapter, "family", ""):
         st.caption(t("neuron_page.rope_note"))

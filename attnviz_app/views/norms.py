@@ -1,7 +1,7 @@
 """Token norms by layer (Darcet et al. 2024, "Vision Transformers Need Registers"), and the
 high-norm marks and sentences the class-token view uses.
 
-The capture keeps every token's L2 norm after every layer (``Capture.token_norms``, (L, N)); a patch
+The capture keeps every token's L2 norm after every layer (``Capture.token_norms``, (N,) per layer); a patch
 is high-norm when its norm exceeds ``HIGH_NORM_RATIO`` × the median patch norm of that layer.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ HIGH_NORM_COLOUR = (255, 0, 255)  # magenta: apart from the cyan query frame and
 
 def mark_high_norm(picture: Image.Image, cap: Capture, layer: int) -> Image.Image:
     """``picture`` (the enlarged overlay) with a magenta frame round each high-norm patch after ``layer``."""
-    if cap.token_norms is None:
+    if not cap.token_norms:
         return picture
     cells = [(int(r), int(c), HIGH_NORM_COLOUR) for r, c in np.argwhere(cap.high_norm(layer))]
     if not cells:
@@ -35,7 +35,7 @@ def mark_high_norm(picture: Image.Image, cap: Capture, layer: int) -> Image.Imag
 
 def norm_sentence(cap: Capture, layer: int) -> str | None:
     """What this capture shows about high-norm tokens, for the reading notes of a map of ``layer``."""
-    if cap.token_norms is None:
+    if not cap.token_norms:
         return None
     ratios = cap.norm_ratio(layer)
     if (ratios > HIGH_NORM_RATIO).any():
@@ -62,7 +62,7 @@ def by_layer(cap: Capture) -> pd.DataFrame:
 
 def show(ctx: Context) -> None:
     cap = ctx.cap
-    if cap.token_norms is None:
+    if not cap.token_norms:
         st.info(t("families.norms_unavailable"))
         return
     ratios = [float(cap.norm_ratio(layer).max()) for layer in range(cap.num_layers)]  # this capture's longest patch
@@ -107,12 +107,12 @@ def show(ctx: Context) -> None:
             st.markdown(t("families.norms_none", layer=layer + 1, top=float(ratios.max())))
         p = cap.num_prefix_tokens
         if p:
-            median = float(cap.token_norms[layer, p:].median())
+            median = float(cap.token_norms[layer][p:].median())
             values = listed(
-                f"{token_label(i, p, cap.grid, short=True)} {float(cap.token_norms[layer, i]) / median:.2f}×" for i in range(p)
+                f"{token_label(i, p, cap.grid, short=True)} {float(cap.token_norms[layer][i]) / median:.2f}×" for i in range(p)
             )
             st.caption(t("families.norms_prefix", layer=layer + 1, values=values))
-        per_patch = cap.token_norms[layer, p:].double().cpu().numpy()
+        per_patch = cap.token_norms[layer][p:].double().cpu().numpy()
         norms = pd.DataFrame({"norm": per_patch})
         st.markdown(f"**{t('families.norms_histogram', layer=layer + 1)}**")
         histogram = alt.Chart(norms).mark_bar().encode(

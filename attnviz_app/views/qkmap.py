@@ -70,7 +70,7 @@ def softmax_change(cap, layer: int, head: int, qk: qkmap.QKMap) -> float:
     """Largest change of any attention weight of this head when the normalised q and k replace the capture's."""
     n = cap.num_tokens
     q, k = qk.vectors[:n], qk.vectors[n:2 * n]
-    logits = q @ k.T * cap.scale
+    logits = q @ k.T * cap.layout(layer).scale
     weights = np.exp(logits - logits.max(1, keepdims=True))
     weights /= weights.sum(1, keepdims=True)
     raw = qk.logits[0]
@@ -203,7 +203,7 @@ def show(ctx: Context) -> None:
     title = t("qkmap.title", layer=ctx.layer + 1, head=head + 1)
     st.subheader(title)
     if not ctx.present:  # a projector keeps the room for the map
-        st.caption(t("qkmap.explain", dk=cap.query.shape[-1]))  # (L, H, N, d_k)
+        st.caption(t("qkmap.explain", dk=cap.layout(ctx.layer).head_dim))
     for spec in LINKED:
         spec.prepare(st.session_state, ctx)
     c1, c2, c3 = st.columns(3)

@@ -1,8 +1,9 @@
 """A model with stages and windows (Swin): Stage and Block instead of Layer, the grid of that stage,
 each window outlined; the summary map (mean attention received within windows) or one patch's row.
 
-Not one of the selector's views: the explore page draws this instead of them when the capture has
-stages (:class:`attnviz.stages.StagedCapture`), and says in one sentence why the others are not drawn.
+Not one of the selector's views: the explore page draws this instead of them where the capture's layers
+differ in grid, windows or heads (not :attr:`attnviz.Capture.uniform`), and says in one sentence why the others
+are not drawn.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _size(grid: tuple[int, int]) -> str:
 def intro(model, cap) -> str:
     """What this model's stages are, in a few measured facts: grids, windows, pooled keys, class attention."""
     stages, layouts = cap.stages, cap.layouts
-    grids = listed(_size(cap.grid(s[0])) for s in stages)
+    grids = listed(_size(cap.layout(s[0]).grid) for s in stages)
     text = [t("stages.intro" if len(stages) > 1 else "stages.intro_one", model=model.public_name,
               stages=len(stages), grids=grids)]
     windowed = [lay for lay in layouts if lay.num_windows > 1]
@@ -176,7 +177,7 @@ def show(ctx: Context, panel=None) -> dict[str, str]:
         block_col, head_col = row.columns(2)
     else:
         stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
-    stage_labels = [t("stages.stage_option", n=s + 1, h=cap.grid(stages[s][0])[0], w=cap.grid(stages[s][0])[1],
+    stage_labels = [t("stages.stage_option", n=s + 1, h=cap.layout(stages[s][0]).grid[0], w=cap.layout(stages[s][0]).grid[1],
                       patch=cap.layout(stages[s][0]).patch) for s in range(len(stages))]  # the box keeps these, not cap
     stage = stage_col.selectbox(
         t("stages.stage"), list(range(len(stages))), key="stage",
