@@ -12,7 +12,7 @@ import attnviz
 
 from make_corpus import photo, quadrants
 
-from conftest import ASSETS
+from conftest import ASSETS, Q, K
 THREADS = 16
 
 
@@ -47,8 +47,8 @@ def concurrently(model: attnviz.Model, pictures: list[Image.Image]) -> list[attn
 
 def assert_same(a: attnviz.Capture, b: attnviz.Capture) -> None:
     assert torch.equal(a.input, b.input)
-    assert torch.equal(a.query, b.query)  # every layer's and head's queries (L, H, N, d_k)
-    assert torch.equal(a.key, b.key)
+    assert torch.equal(Q(a), Q(b))  # every layer's and head's queries (L, H, N, d_k)
+    assert torch.equal(K(a), K(b))
     assert torch.equal(a.output, b.output)
 
 
@@ -75,7 +75,7 @@ def real_runs(real_model):
 def test_sixteen_threads_equal_one_by_one_on_the_real_model(real_model, real_runs):
     one_by_one, together = real_runs
     # The photos really differ, so a capture swapped between threads could not go unnoticed.
-    assert all(not torch.equal(one_by_one[0].query, c.query) for c in one_by_one[1:])
+    assert all(not torch.equal(Q(one_by_one[0]), Q(c)) for c in one_by_one[1:])
     for alone, shared in zip(one_by_one, together):
         assert_same(alone, shared)
     assert hooks_on(real_model.network) == installed(real_model)

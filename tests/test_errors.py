@@ -133,7 +133,7 @@ def test_no_class_token_says_so():
     model = attnviz.wrap(network, "nocls", "random", 32)
     cap = capture_tensor(model, torch.randn(1, 3, 32, 32))
     assert not cap.has_class_token and cap.num_prefix_tokens == 0 and cap.summary == "mean_received"
-    with pytest.raises(NoClassTokenError, match="this model has no class token, so there is no class-token row; use mean_received_map"):
+    with pytest.raises(NoClassTokenError, match=r"this layer has no class-token row \(the model has no class token, or it does not attend here\); use mean_received_map"):
         cap.cls_map(1, 0)
     # the stated alternative: the mean of the patch rows, on the grid
     expected = cap.weights(1, 2).mean(0).reshape(4, 4)

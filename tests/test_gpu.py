@@ -78,10 +78,10 @@ def pair(cat):
 
 def test_the_capture_on_the_gpu_is_the_cpus(pair):
     _cpu, _gpu, c, g = pair
-    assert g.query.device.type == torch.device(GPU).type
+    assert Q(g).device.type == torch.device(GPU).type
     assert close(g.all_weights(), c.all_weights()) <= 1e-5
-    assert close(g.query, c.query) <= 1e-4 * float(c.query.abs().max())
-    assert close(g.key, c.key) <= 1e-4 * float(c.key.abs().max())
+    assert close(Q(g), Q(c)) <= 1e-4 * float(Q(c).abs().max())
+    assert close(K(g), K(c)) <= 1e-4 * float(K(c).abs().max())
     assert close(g.output, c.output) <= 1e-4 * float(c.output.abs().max())
     assert close(g.token_norms, c.token_norms) <= 1e-4 * float(c.token_norms.max())
     for layer in (0, 11):
