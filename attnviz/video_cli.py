@@ -18,8 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     vid = sub.add_parser(
         "video", help="a video with the class token's attention over every frame (MP4, H.264)",
         description="Each (sampled) frame goes through the same capture as a photo; the result is the model's "
-                    "view of the frame with the chosen layer's and head's heatmap. Limits (60 s, 4K, 500 MB) are "
-                    "checked from the file's header before any frame is decoded.",
+                    "view of the frame with the chosen layer's and head's heatmap. Limits (60 s, 4K, 500 MB, 7200 "
+                    "frames) are checked from the file's header before any frame is decoded, and again on every "
+                    "decoded frame.",
     )
     vid.add_argument("video", help="a video file (MP4, MOV, WebM, …; phone rotation is respected)")
     vid.add_argument("--out", required=True, help="the result, an .mp4 file")
