@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import re
 import sys
 from pathlib import Path
 
 from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, qk_cli, render, video_cli
-from .command import UsageError, check_device, load_model_from, model_arguments, run_command
+from .command import UsageError, check_device, check_outputs, load_model_from, model_arguments, run_command
 from .images import ImageError
 from .photos import load_photo
 
@@ -92,33 +91,11 @@ def plan(images: list[str]) -> list[tuple[str, str]]:
     return planned
 
 
-def _identities(path: Path) -> set[tuple]:
-    """Every way ``path`` can name the same file as another path: the file it resolves to (after symbolic
-    links), the directory entry itself (a link is an entry too), and, when it exists, its inode (hard
-    links, case-insensitive file systems)."""
-    entry = Path(os.path.realpath(path.parent)) / path.name
-    ids: set[tuple] = {("path", os.path.realpath(path)), ("path", str(entry))}
-    try:
-        st = path.stat()
-        ids.add(("inode", st.st_dev, st.st_ino))
-    except (OSError, ValueError):
-        pass
-    return ids
-
-
 def check_inputs_kept(planned: list[tuple[str, str]], out: Path, args: argparse.Namespace) -> None:
     """Refuse, before anything is written, an output path that is one of the inputs (photos, checkpoint)."""
-    inputs = [*(name for name, _ in planned), *([args.checkpoint] if args.checkpoint else [])]
-    taken: dict[tuple, str] = {}
-    for name in inputs:
-        for identity in _identities(Path(name)):
-            taken.setdefault(identity, name)
-    for name, stem in planned:
-        for what, target in outputs(out, stem, args):
-            clash = next((taken[i] for i in _identities(target) if i in taken), None)
-            if clash is not None:
-                raise UsageError(f"{name}'s {what} would overwrite the input {clash} ({target}); nothing was "
-                                 "exported, so choose another --out folder or rename that file.")
+    check_outputs(((f"{name}'s {what}", target) for name, stem in planned for what, target in outputs(out, stem, args)),
+                  [*(name for name, _ in planned), args.checkpoint],
+                  "nothing was exported, so choose another --out folder or rename that file")
 
 
 def output_folder(name: str, create: bool = True) -> Path:
