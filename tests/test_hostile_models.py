@@ -528,3 +528,18 @@ def test_torchvisions_vision_transformer_is_refused_as_torchvisions():
     assert str(error.value).startswith("torchvision's VisionTransformer (not timm's) has attention layers in an "
                                        "architecture attnviz does not know")
 
+
+def test_a_photo_for_a_half_precision_model_is_prepared_in_its_dtype_and_bfloat16_is_one_sentence():
+    from PIL import Image
+
+    photo = Image.new("RGB", (40, 40), (100, 50, 0))
+    half = tiny_vit()
+    half.network.half()
+    cap = attnviz.capture(half, photo)  # before: "pass x.to(torch.float16)", though the caller passed a photo
+    assert cap.query.dtype == torch.float16 and cap.cls_map(1, "mean").shape == (4, 4)
+    brain = tiny_vit()
+    brain.network.to(torch.bfloat16)
+    with pytest.raises(ModelError) as error:
+        attnviz.capture(brain, photo)
+    assert str(error.value) == ("tiny's weights are bfloat16, which attnviz's maps (numpy arrays) cannot hold; convert "
+                                "the model to float32 with model.network.float() and capture the photo again.")
