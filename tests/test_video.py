@@ -359,3 +359,16 @@ def test_a_video_in_memory_is_read_and_written_without_a_file(tiny, tmp_path):
     first = np.asarray(video.frame_at(out.getvalue(), 0))
     assert first.shape == (64, 64, 3)
     assert np.array_equal(np.asarray(video.frame_at(data, 3)), np.asarray(video.frame_at(tmp_path / "clip.mp4", 3)))
+
+
+def test_docs_robustness_states_the_limits_the_code_enforces():
+    from conftest import ROOT
+
+    text = (ROOT / "docs" / "robustness.md").read_text()
+    limits = video.Limits()
+    for row in (f"| video file | {limits.bytes // 2**20} MB |", f"| video length | {limits.seconds:.0f} s,",
+                f"| video frames decoded | {limits.frames} (60 s at 120 fps)",
+                f"| video pixels decoded in all | {limits.decoded_pixels / 1e9:.0f} gigapixels",
+                f"| video job wall time | {limits.work_seconds:.0f} s,", "| video frame size | 3840 × 2160 (4K)"):
+        assert row in text, row
+    assert limits.pixels == 3840 * 2160
