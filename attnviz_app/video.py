@@ -97,23 +97,33 @@ def wait_for(key: tuple, compute, working: str):
     with a progress bar of frames done."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
+    from attnviz.jobs import JobCancelled
+
     jobs, owner = heavy.queue(), heavy._owner()
     bar = st.empty()
     progress = progress_for(key)
-    job = jobs.submit(key, compute, owner, cache=False)
-    try:
-        while not jobs.wait(job, POLL_S):
-            if job.state == "waiting":
-                bar.info(t("jobs.waiting", place=jobs.ahead(job) + 1, running=jobs.running, slots=jobs.workers))
-                continue
-            done, total = progress.read()
-            share = min(1.0, done / total) if total else 0.0
-            bar.progress(share, text=t("video.working", done=done, total=total or "?") if total else working)
-    except StopException:
-        jobs.leave(owner)
-        raise
-    bar.empty()
-    return job.result()
+    for _ in range(3):
+        job = jobs.submit(key, compute, owner, cache=False)
+        try:
+            while not jobs.wait(job, POLL_S):
+                if job.state == "waiting":
+                    bar.info(t("jobs.waiting", place=jobs.ahead(job) + 1, running=jobs.running, slots=jobs.workers))
+                    continue
+                done, total = progress.read()
+                share = min(1.0, done / total) if total else 0.0
+                bar.progress(share, text=t("video.working", done=done, total=total or "?") if total else working)
+        except StopException:
+            jobs.leave(owner)  # the run stopped (a rerun, a closed tab): the job stops unless someone else waits
+            raise
+        bar.empty()
+        try:
+            return job.result()
+        except JobCancelled:  # dropped while it waited: ask again
+            continue
+        except core.VideoError as e:
+            if e.key != "stopped":  # stopped as this session's previous run left it: this run asks again
+                raise
+    st.stop()
 
 
 def freeze(source: bytes, index: int, name: str, digest: str) -> None:
