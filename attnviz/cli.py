@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, qk_cli, render, video_cli
-from .command import UsageError, check_device, load_model_from, model_arguments, run_command
+from .command import UsageError, check_device, check_outputs, load_model_from, model_arguments, run_command
 from .images import ImageError
 from .photos import load_photo
 
@@ -47,13 +47,15 @@ def outputs(out: Path, stem: str, args: argparse.Namespace) -> list[tuple[str, P
     return [(what, out / name) for what, name in files]
 
 
-def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace, weights: dict | None = None) -> None:
+def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace, weights: dict | None = None,
+               source: str | None = None) -> None:
     from . import html, sweep
     from .rollout import cls_rollout_grid
 
     checked = load_photo(path, model)  # decoded exactly as the page decodes it; stat-checked before it is read
     cap = capture(model, checked.image, fit=args.fit)
-    about = exporting.describe(model, cap, source=path.name, weights=weights, source_size=checked.image.size)
+    source = source or path.name  # what the files record: the file name, with its folder where two share it
+    about = exporting.describe(model, cap, source=source, weights=weights, source_size=checked.image.size)
     # (h, w): CLS rollout, head mean, no discard, residual 0.5
     extra = {"rollout": cls_rollout_grid(cap)} if args.rollout else None
     files = dict(outputs(out, stem, args))
@@ -64,17 +66,21 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
     with atomic.replacing(files["overlay"]) as f:
         render.overlay(view, html.summary_map(cap, cap.num_layers - 1, "mean")).save(f, format="PNG")
     if args.html:
-        page = html.page(cap, args.lang, source=path.name, top=model.top_classes(cap.output), picture=view)
+        page = html.page(cap, args.lang, source=source, top=model.top_classes(cap.output), picture=view)
         atomic.write_text(files["interactive page"], page)
     if args.gif:
         atomic.write_bytes(files["layer sweep"], sweep.sweep_gif(cap, picture=view))
 
 
 def plan(images: list[str]) -> list[tuple[str, str]]:
-    """Each input with the stem of its outputs; two inputs named alike get ``stem``, ``stem_``, …"""
+    """Each input with the stem of its outputs: inputs with the same stem from different folders get their
+    folder's name in front (``a/x.jpg``, ``b/x.jpg`` → ``a_x``, ``b_x``); any still alike ``stem``, ``stem_``, …"""
+    alike = Counter(safe_stem(name) for name in images)
     planned, used = [], set()
     for name in images:
         stem = safe_stem(name)
+        if alike[stem] > 1:
+            stem = safe_stem(f"{Path(name).parent.name}_{Path(name).name}")
         while stem in used:  # two inputs named alike must not overwrite each other
             stem += "_"
         used.add(stem)
@@ -82,33 +88,19 @@ def plan(images: list[str]) -> list[tuple[str, str]]:
     return planned
 
 
-def _identities(path: Path) -> set[tuple]:
-    """Every way ``path`` can name the same file as another path: the file it resolves to (after symbolic
-    links), the directory entry itself (a link is an entry too), and, when it exists, its inode (hard
-    links, case-insensitive file systems)."""
-    entry = Path(os.path.realpath(path.parent)) / path.name
-    ids: set[tuple] = {("path", os.path.realpath(path)), ("path", str(entry))}
-    try:
-        st = path.stat()
-        ids.add(("inode", st.st_dev, st.st_ino))
-    except (OSError, ValueError):
-        pass
-    return ids
+def recorded_names(images: list[str]) -> dict[str, str]:
+    """What each input's files record as its source: its file name, or folder/name where two inputs share the
+    name (never the rest of the path: exports are shared)."""
+    alike = Counter(Path(name).name for name in images)
+    return {name: f"{Path(name).parent.name}/{Path(name).name}" if alike[Path(name).name] > 1 else Path(name).name
+            for name in images}
 
 
 def check_inputs_kept(planned: list[tuple[str, str]], out: Path, args: argparse.Namespace) -> None:
     """Refuse, before anything is written, an output path that is one of the inputs (photos, checkpoint)."""
-    inputs = [*(name for name, _ in planned), *([args.checkpoint] if args.checkpoint else [])]
-    taken: dict[tuple, str] = {}
-    for name in inputs:
-        for identity in _identities(Path(name)):
-            taken.setdefault(identity, name)
-    for name, stem in planned:
-        for what, target in outputs(out, stem, args):
-            clash = next((taken[i] for i in _identities(target) if i in taken), None)
-            if clash is not None:
-                raise UsageError(f"{name}'s {what} would overwrite the input {clash} ({target}); nothing was "
-                                 "exported, so choose another --out folder or rename that file.")
+    check_outputs(((f"{name}'s {what}", target) for name, stem in planned for what, target in outputs(out, stem, args)),
+                  [*(name for name, _ in planned), args.checkpoint],
+                  "nothing was exported, so choose another --out folder or rename that file")
 
 
 def output_folder(name: str, create: bool = True) -> Path:
@@ -138,6 +130,7 @@ def export(args: argparse.Namespace) -> int:
     model = load_model_from(args, "Nothing was exported.")
     out = output_folder(args.out)
     weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
+    sources = recorded_names(args.images)
     failed, done = 0, 0
     try:
         for name, stem in tqdm(planned, unit="image", disable=len(planned) < 2 or args.quiet):
@@ -147,7 +140,7 @@ def export(args: argparse.Namespace) -> int:
                     raise ImageError(f"{name} is not a file." if path.exists() else
                                      f"{name} is a link to nothing (its target is missing, or it loops)."
                                      if path.is_symlink() else f"{name} does not exist.")
-                export_one(model, path, out, stem, args, weights)
+                export_one(model, path, out, stem, args, weights, sources[name])
             except (ImageError, OSError) as e:
                 message = str(e) if isinstance(e, ImageError) else f"could not write {stem}'s files: {e.strerror or e}."
                 tqdm.write(f"error: {message}", file=sys.stderr)

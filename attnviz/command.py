@@ -1,5 +1,5 @@
-"""What every ``attnviz`` command shares: the options that name the model, the model they name, and how a
-problem becomes one line on stderr and an exit code.
+"""What every ``attnviz`` command shares: the options that name the model, the model they name, the rule
+that no output may be one of the inputs, and how a problem becomes one line on stderr and an exit code.
 
 Exit codes: 2 for options that cannot work (:class:`UsageError`, raised before anything is written), 1 for
 an input that cannot be used, 130 after Ctrl-C. Each command says its own sentences; this module only
@@ -8,8 +8,10 @@ carries them to stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from . import models
 from .errors import AttnvizError, ModelError
@@ -61,6 +63,51 @@ def load_model_from(args: argparse.Namespace, consequence: str = "") -> models.M
         return models.load_model(args.model, args.size, checkpoint=args.checkpoint, device=getattr(args, "device", None))
     except ModelError as e:
         raise UsageError(f"{e} {consequence}" if consequence else str(e)) from None
+
+
+def identities(path: str | Path) -> set[tuple]:
+    """Every way ``path`` can name the same file as another path: the file it resolves to (after symbolic
+    links), the directory entry itself (a link is an entry too), and, when it exists, its inode (hard
+    links, case-insensitive file systems)."""
+    path = Path(path)
+    entry = Path(os.path.realpath(path.parent)) / path.name
+    ids: set[tuple] = {("path", os.path.realpath(path)), ("path", str(entry))}
+    try:
+        st = path.stat()
+        ids.add(("inode", st.st_dev, st.st_ino))
+    except (OSError, ValueError):
+        pass
+    return ids
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[str | Path | None],
+                  consequence: str = "nothing was written, so name another file") -> None:
+    """Refuse, before anything is written, an output that is one of the inputs — the same file by name,
+    through a symbolic link (an output link or an input link), as a hard link — or a file inside an input
+    folder (a dataset run's own files: ``run.json``, its tables, its stored captures).
+
+    ``outputs`` are (what it is for a reader, e.g. ``"--json out.json"``, path); ``inputs`` every file or
+    folder the command reads (None is skipped: an option not given). The sentence ends with ``consequence``.
+    Every command that writes files calls this: export, figure, faithfulness, qk and video.
+    """
+    taken: dict[tuple, str] = {}
+    folders: list[tuple[str, str]] = []
+    for name in inputs:
+        if name is None:
+            continue
+        for identity in identities(name):
+            taken.setdefault(identity, str(name))
+        if Path(name).is_dir():
+            folders.append((str(name), os.path.realpath(name)))
+    for what, target in outputs:
+        target = Path(target)
+        clash = next((taken[i] for i in identities(target) if i in taken), None)
+        if clash is not None:
+            raise UsageError(f"{what} would overwrite the input {clash} ({target}); {consequence}.")
+        entry = os.path.join(os.path.realpath(target.parent), target.name)
+        for name, folder in folders:
+            if os.path.commonpath([entry, folder]) == folder:
+                raise UsageError(f"{what} is inside the folder {name}, whose files this command reads; {consequence}.")
 
 
 def say(error: object, code: int) -> int:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from . import atomic
-from .command import UsageError, load_model_from, model_arguments, say
+from .command import UsageError, check_outputs, load_model_from, model_arguments, say
 from .errors import FaithfulnessError, ImageError
 
 
@@ -35,7 +35,7 @@ def finite(value: float) -> float | None:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     fa = sub.add_parser(
         "faithfulness", help="deletion / insertion curves of every map on one photo (and head ablation), as JSON",
-        description="Rank the patches by each map, remove them 10 %% at a time (deletion) or put them back "
+        description="Rank the patches by each map, remove them 10 % at a time (deletion) or put them back "
                     "(insertion), and follow the model's output; with --ablation also switch off each head.",
     )
     fa.add_argument("photo", help="an image file")
@@ -58,10 +58,9 @@ def run(args: argparse.Namespace) -> int:
     if args.random < 2:
         raise UsageError("--random must be at least 2: the spread of random orders needs two of them.")
     photo, out = Path(args.photo), Path(args.json_out)
-    if out.exists() and out.resolve() == photo.resolve():
-        raise UsageError(f"--json {args.json_out} is the photo itself; name another file.")
     if out.is_dir():
         raise UsageError(f"--json {args.json_out} is a folder; name a file.")
+    check_outputs([(f"--json {args.json_out}", out)], [photo, args.checkpoint])
     model = load_model_from(args, "Nothing was written.")
     try:
         start = time.perf_counter()

@@ -8,9 +8,12 @@ what it must and no more:
 - jobs are identified by a key (the capture and the settings): a job asked for again while it waits or
   runs is the same job, and a finished one is answered from a small cache of results, so thirty
   identical clicks are one run;
-- a job is wanted by its owners (browser sessions); an owner that leaves gives up its waiting jobs, and
-  a job nobody wants any more is dropped before it starts. A job that has started runs to the end (its
-  result is cached for the next click).
+- a job is wanted by its owners (browser sessions); an owner that leaves gives up its jobs, and a job
+  nobody wants any more is dropped before it starts. A job that has started runs to the end (its
+  result is cached for the next click) unless it asks :meth:`JobQueue.abandoned` as it goes and stops
+  (a video job does, after every frame: a closed tab ends it);
+- a job submitted with ``cache=False`` (a result too large to keep 64 of, such as a video) is shared
+  while it runs, but its result goes only to those waiting for it.
 
 Plain threads and no Streamlit: the page glue (``heavy.py``) only submits, waits and shows the place.
 """
@@ -39,8 +42,9 @@ class JobCancelled(RuntimeError):
 class Job:
     """One unit of work: a handle like a future, shared by everyone who asked for the same key."""
 
-    def __init__(self, key: Hashable, compute: Callable[[], object]):
+    def __init__(self, key: Hashable, compute: Callable[[], object], cache: bool = True):
         self.key = key
+        self.cache = cache  # whether its result goes into the queue's cache of results
         self._compute = compute
         self.owners: set[Hashable] = set()
         self.state: State = "waiting"
@@ -96,10 +100,12 @@ class JobQueue:
 
     # --- asking --------------------------------------------------------------------------------
 
-    def submit(self, key: Hashable, compute: Callable[[], object], owner: Hashable) -> Job:
-        """The job for ``key``: finished from the cache, the one already waiting/running, or a new one.
+    def submit(self, key: Hashable, compute: Callable[[], object], owner: Hashable, cache: bool = True) -> Job:
+        """The job for ``key``: finished from the cache, the one already waiting/running, or a new one
+        (``cache=False``: its result is not kept once it has been handed to its waiters).
 
-        An owner waits for one job at a time: asking for another gives up its place in the others.
+        An owner waits for one job at a time: asking for another gives up its place in the others (and its
+        share in a running one, which :meth:`abandoned` then reports).
         """
         with self._lock:
             if key in self._results:
@@ -109,7 +115,7 @@ class JobQueue:
                 return job
             job = self._active.get(key)
             if job is None:
-                job = Job(key, compute)
+                job = Job(key, compute, cache)
                 self._active[key] = job
                 self._waiting.append(job)
                 if self._threads < self.workers:
@@ -134,9 +140,16 @@ class JobQueue:
             return 0
 
     def leave(self, owner: Hashable) -> None:
-        """``owner`` no longer wants any waiting job; jobs nobody wants are dropped."""
+        """``owner`` no longer wants any job; waiting jobs nobody wants are dropped."""
         with self._lock:
             self._drop_owner(owner, keep=None)
+
+    def abandoned(self, key: Hashable) -> bool:
+        """Whether the running job for ``key`` is wanted by nobody any more: every owner left or is gone. A
+        long job asks this as it goes and ends itself (its result would reach no one)."""
+        with self._lock:
+            job = self._active.get(key)
+            return job is not None and job.state == "running" and not any(self._alive(o) for o in job.owners)
 
     # --- looking -------------------------------------------------------------------------------
 
@@ -157,9 +170,9 @@ class JobQueue:
     # --- inside --------------------------------------------------------------------------------
 
     def _drop_owner(self, owner: Hashable, keep: Job | None) -> None:
-        for job in [j for j in self._waiting if j is not keep and owner in j.owners]:
+        for job in [j for j in self._active.values() if j is not keep and owner in j.owners]:
             job.owners.discard(owner)
-            if not job.owners:
+            if not job.owners and job.state == "waiting":
                 self._cancel(job)
 
     def _cancel(self, job: Job) -> None:
@@ -196,7 +209,7 @@ class JobQueue:
             with self._lock:
                 self._running -= 1
                 del self._active[job.key]
-                if error is None:
+                if error is None and job.cache:
                     self._results[job.key] = value
                     while len(self._results) > self.cache_entries:
                         self._results.popitem(last=False)

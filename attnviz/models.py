@@ -75,6 +75,9 @@ class Model:
     # Where captures run their forward pass when not on PyTorch: an attnviz.runtimes.Runtime that
     # attnviz.fast() checked exact for this model at this size; None (PyTorch) by default.
     runtime: Any = None
+    # Sentences a page shows beside the photo: how its input was guessed where the model's files did not say
+    # (e.g. a Hugging Face folder without preprocessor_config.json: ImageNet's mean and std).
+    notes: tuple[str, ...] = ()
     tap: Tap = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,9 +154,16 @@ class Model:
         return steps(image.convert("RGB"))
 
     def to_input(self, view: Image.Image) -> torch.Tensor:
-        """(1, 3, S, S) normalised tensor from the S × S view."""
+        """(1, 3, S, S) normalised tensor from the S × S view, in the network's floating-point dtype (a
+        float16 model gets a float16 input: whoever passed a photo has no tensor of their own to cast)."""
         normalise = T.Compose([T.ToTensor(), T.Normalize(self.data_config["mean"], self.data_config["std"])])
-        return normalise(view).unsqueeze(0).to(self.device)
+        x = normalise(view).unsqueeze(0)  # (1, 3, S, S) float32
+        weights = next(self.network.parameters(), x).dtype
+        if weights == torch.bfloat16:  # numpy has no bfloat16: every map would fail after the capture
+            raise ModelError(f"{self.public_name}'s weights are bfloat16, which attnviz's maps (numpy arrays) cannot "
+                             "hold; convert the model to float32 with model.network.float() and capture the photo "
+                             "again.")
+        return x.to(self.device, dtype=weights if weights.is_floating_point else x.dtype)
 
     def top_classes(self, logits: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
         """The k most probable classes with their softmax probabilities (all of them when the head has

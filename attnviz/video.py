@@ -4,8 +4,12 @@ The per-frame work is the live camera's (:func:`attnviz.live.heatmap_frame`): th
 → ``model.view`` → capture → ``summary_map`` → ``render.overlay``, so a frame frozen from the video and
 explored as a photo shows the same map. Around it:
 
-- :func:`probe` reads the container's header only — length, size, frame rate, bytes — and refuses a
-  file over :class:`Limits` with one sentence, before any frame is decoded;
+- :func:`probe` reads the container's header only — length, size, frame rate, frame count, bytes — and
+  refuses a file over :class:`Limits` with one sentence, before any frame is decoded;
+- :class:`Frames` holds every decoded frame to the same limits, because a header can lie: no frame may
+  be larger than the header said (the decoder itself is told so, so a stream that switches in-band to
+  8192 × 8192 is refused before such a frame is allocated), and the frames, the pixels decoded in all
+  and the wall time of the job are bounded. Only the frames used are turned into pictures;
 - :func:`render_video` streams: PyAV decodes frames one at a time, ``batch`` of them are turned into
   heatmaps, encoded and let go, so memory stays flat however long the video is (no whole-video
   array is ever made). Phone videos are turned upright from the display matrix each frame carries
@@ -14,6 +18,9 @@ explored as a photo shows the same map. Around it:
 - the MP4 is written whole or not at all (:mod:`attnviz.atomic`): a damaged file, a frame that
   cannot be decoded or Ctrl-C leave no partial output behind.
 
+A source (and a target) is a path or, for a video that must never touch the disk (the page's uploads),
+the file's bytes (and a binary file object).
+
     >>> result = video.render_video("clip.mov", "clip_attention.mp4", model, video.VideoSettings(layer=11))
     >>> result.note  # 'attnviz: layer 12, mean of all heads; every 2nd frame of clip.mov (60 → 30 fps) …'
 
@@ -21,12 +28,15 @@ Layers and heads are 0-based, as everywhere in the library.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import BinaryIO, Union
 
 from PIL import Image
 
@@ -39,6 +49,7 @@ from .models import Fit, Model
 
 FORMATS = ("mp4", "mov", "webm", "mkv", "m4v")  # what the page's upload accepts (PyAV reads more)
 MAX_OUT_FPS = 30.0  # default: a faster video is sampled down to at most this many frames per second
+Source = Union[str, Path, bytes]  # a video file, or its bytes (never written anywhere)
 
 
 class VideoError(AttnvizError, ValueError):
@@ -55,11 +66,19 @@ class VideoError(AttnvizError, ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What a video may be: checked from the header, before any frame is decoded."""
+    """What a video may be, and what decoding it may cost.
+
+    Checked from the header before any frame is decoded (:func:`probe`), and again on every decoded
+    frame (:class:`Frames`): a frame larger than its header said, more frames or pixels than these, or a
+    job running longer than ``work_seconds`` is refused with one sentence.
+    """
 
     seconds: float = 60.0
     pixels: int = 3840 * 2160  # width × height of one frame (4K)
     bytes: int = 500 * 2**20
+    frames: int = 7200  # frames decoded: 60 s at 120 fps
+    decoded_pixels: int = 1800 * 3840 * 2160  # pixels decoded in all: 60 s of 4K at 30 fps (~15 gigapixels)
+    work_seconds: float = 600.0  # wall time of one render_video, decoding, drawing and encoding together
 
 
 @dataclass(frozen=True)
@@ -109,10 +128,12 @@ class VideoResult:
         return self.frames_out / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _open(source: str | Path, name: str):
+def _open(source: Source, name: str):
     import av
 
     try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            return av.open(io.BytesIO(source), metadata_errors="ignore")
         return av.open(str(source), metadata_errors="ignore")
     except FileNotFoundError:
         raise VideoError(f"{name} does not exist.") from None
@@ -126,11 +147,15 @@ def _reason(error: Exception) -> str:
     return text.split(":")[0].strip().rstrip(".").lower() or type(error).__name__
 
 
-def probe(source: str | Path, limits: Limits = Limits(), name: str | None = None) -> VideoInfo:
+def _name(source: Source, name: str | None) -> str:
+    return name or ("the video" if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).name)
+
+
+def probe(source: Source, limits: Limits = Limits(), name: str | None = None) -> VideoInfo:
     """The header of ``source``'s first video stream, or a :class:`VideoError` if it is over ``limits``."""
-    name = name or Path(source).name
+    name = _name(source, name)
     try:
-        size = os.stat(source).st_size
+        size = len(source) if isinstance(source, (bytes, bytearray, memoryview)) else os.stat(source).st_size
     except FileNotFoundError:
         raise VideoError(f"{name} does not exist.") from None
     if size > limits.bytes:
@@ -162,7 +187,24 @@ def probe(source: str | Path, limits: Limits = Limits(), name: str | None = None
         raise VideoError(f"{name} is {seconds:.1f} s long; videos up to {limits.seconds:.0f} s can be used, "
                          "so cut it shorter first.", "too_long", name=name, seconds=f"{seconds:.1f}",
                          limit=f"{limits.seconds:.0f}")
+    if info.frames is not None and info.frames > limits.frames:
+        raise _too_many_frames(name, info.frames, limits)
+    if info.frames is not None and info.frames * width * height > limits.decoded_pixels:
+        raise _too_many_pixels_in_all(name, info.frames * width * height, limits)
     return info
+
+
+def _too_many_frames(name: str, frames: int, limits: Limits) -> VideoError:
+    return VideoError(f"{name} has {frames} frames; videos of up to {limits.frames} frames can be used, so lower its "
+                      "frame rate or cut it shorter first.", "too_many_frames", name=name, frames=frames,
+                      limit=limits.frames)
+
+
+def _too_many_pixels_in_all(name: str, pixels: int, limits: Limits) -> VideoError:
+    return VideoError(f"{name} holds {pixels / 1e9:.1f} gigapixels of frames; videos up to "
+                      f"{limits.decoded_pixels / 1e9:.1f} gigapixels in all can be used, so cut it shorter or make it "
+                      "smaller first.", "too_many_pixels_in_all", name=name, gpx=f"{pixels / 1e9:.1f}",
+                      limit=f"{limits.decoded_pixels / 1e9:.1f}")
 
 
 def upright(frame) -> Image.Image:
@@ -174,29 +216,103 @@ def upright(frame) -> Image.Image:
         (Image.Transpose.ROTATE_90, Image.Transpose.ROTATE_180, Image.Transpose.ROTATE_270)[turn - 1])
 
 
-def decoded_frames(source: str | Path, name: str | None = None) -> Iterator[Image.Image]:
+class Frames:
+    """The frames of ``source``'s first video stream, decoded one at a time and held to ``limits``.
+
+    Iterating gives ``(index, picture)`` — the upright picture — for each frame whose 0-based index
+    ``wanted(index)`` accepts; every other frame is decoded (later frames are predicted from it) but never
+    turned into a picture. Every decoded frame counts, and each of these ends the iteration with one
+    sentence (a :class:`VideoError`): a frame larger than the stream's header said (the decoder is told
+    the same bound, so such a frame is never allocated), more than ``limits.frames`` frames or
+    ``limits.decoded_pixels`` pixels, frames past ``limits.seconds``, ``limits.work_seconds`` of wall
+    time since ``started`` (``time.perf_counter()``; the consumer's own work between frames counts), or
+    ``stop()`` saying True (nobody waits for the result any more). ``decoded`` counts the frames decoded.
+    """
+
+    def __init__(self, source: Source, name: str | None = None, limits: Limits = Limits(),
+                 wanted: Callable[[int], bool] = lambda index: True, started: float | None = None,
+                 stop: Callable[[], bool] | None = None) -> None:
+        self.source, self.name, self.limits = source, _name(source, name), limits
+        self.wanted, self.stop = wanted, stop
+        self.started = time.perf_counter() if started is None else started
+        self.decoded = 0
+
+    def __iter__(self) -> Iterator[tuple[int, Image.Image]]:
+        import av
+
+        name, limits = self.name, self.limits
+        with _open(self.source, name) as container:
+            if not container.streams.video:
+                raise VideoError(f"{name} holds no video, only {len(container.streams)} other stream(s).", "no_video",
+                                 name=name)
+            stream = container.streams.video[0]
+            ctx = stream.codec_context
+            header = (int(ctx.width or 0), int(ctx.height or 0))
+            allowed = min(header[0] * header[1] or limits.pixels, limits.pixels)  # pixels of one frame
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            fps = float(rate) if rate else 0.0
+            # FFmpeg's decoders refuse to allocate a frame over max_pixels: an in-band switch to a larger size
+            # fails on its first packet instead of decoding at that size. They count coded sizes (macroblocks,
+            # stride alignment): the bound is the header's size rounded up to 128 each way, the exact one is below.
+            coded = (-(-header[0] // 128) * 128) * (-(-header[1] // 128) * 128) if allowed == header[0] * header[1] \
+                else allowed
+            ctx.options = {**ctx.options, "max_pixels": str(coded)}
+            stream.thread_type = "AUTO"
+            pixels = 0
+            try:
+                for frame in container.decode(stream):
+                    index = self.decoded
+                    self.decoded += 1
+                    if frame.width * frame.height > allowed:  # a decoder that ignores max_pixels
+                        raise self._size_changed(header, (frame.width, frame.height))
+                    pixels += frame.width * frame.height
+                    self._check(index, pixels, fps)
+                    if self.wanted(index):
+                        yield index, upright(frame)
+            except (av.error.InvalidDataError, av.error.FFmpegError) as e:
+                now = (int(ctx.width or 0), int(ctx.height or 0))
+                if now[0] * now[1] > allowed:  # the decoder read the new size, then refused to allocate it
+                    raise self._size_changed(header, now) from None
+                raise VideoError(f"{name} is damaged: a frame could not be decoded ({_reason(e)}); nothing was "
+                                 "written.", "damaged", name=name) from None
+
+    def _check(self, index: int, pixels: int, fps: float) -> None:
+        name, limits = self.name, self.limits
+        if self.decoded > limits.frames:
+            raise VideoError(f"{name} has more than {limits.frames} frames; videos of up to {limits.frames} frames can "
+                             "be used, so lower its frame rate or cut it shorter first.", "too_many_frames_decoded",
+                             name=name, limit=limits.frames)
+        if pixels > limits.decoded_pixels:
+            raise _too_many_pixels_in_all(name, pixels, limits)
+        if fps > 0 and index / fps > limits.seconds:  # a header without a length: the limit holds while decoding
+            raise VideoError(f"{name} is longer than {limits.seconds:.0f} s; videos up to {limits.seconds:.0f} s can "
+                             "be used, so cut it shorter first.", "too_long_decoded", name=name,
+                             limit=f"{limits.seconds:.0f}")
+        if time.perf_counter() - self.started > limits.work_seconds:
+            raise VideoError(f"{name} took longer than {limits.work_seconds:.0f} s to draw, so it was stopped after "
+                             f"{self.decoded} frames; cut it shorter or ask for fewer frames per second.", "too_slow",
+                             name=name, limit=f"{limits.work_seconds:.0f}", frames=self.decoded)
+        if self.stop is not None and self.stop():
+            raise VideoError(f"{name} was stopped: nobody is waiting for it any more.", "stopped", name=name)
+
+    def _size_changed(self, header: tuple[int, int], now: tuple[int, int]) -> VideoError:
+        return VideoError(f"{self.name} changes its frame size mid-stream from {header[0]} × {header[1]} to "
+                          f"{now[0]} × {now[1]} pixels, larger than its header says, so it cannot be used.",
+                          "size_changed", name=self.name, width=header[0], height=header[1], new_width=now[0],
+                          new_height=now[1])
+
+
+def decoded_frames(source: Source, name: str | None = None, limits: Limits = Limits()) -> Iterator[Image.Image]:
     """Every frame of the first video stream, upright, one at a time (never more than one in memory)."""
-    import av
-
-    name = name or Path(source).name
-    with _open(source, name) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        try:
-            for frame in container.decode(stream):
-                yield upright(frame)
-        except (av.error.InvalidDataError, av.error.FFmpegError) as e:
-            raise VideoError(f"{name} is damaged: a frame could not be decoded ({_reason(e)}); nothing was written.",
-                             "damaged", name=name) from None
+    return (picture for _, picture in Frames(source, name, limits))
 
 
-def frame_at(source: str | Path, index: int, name: str | None = None) -> Image.Image:
+def frame_at(source: Source, index: int, name: str | None = None, limits: Limits = Limits()) -> Image.Image:
     """Frame ``index`` (0-based, in decoding order) of ``source``, upright: what "freeze this frame" keeps."""
-    count = 0
-    for count, picture in enumerate(decoded_frames(source, name), start=1):
-        if count == index + 1:
-            return picture
-    raise VideoError(f"{name or Path(source).name} has only {count} frames, not {index + 1}.")
+    frames = Frames(source, name, limits, wanted=lambda i: i == index)
+    for _, picture in frames:
+        return picture
+    raise VideoError(f"{frames.name} has only {frames.decoded} frames, not {index + 1}.")
 
 
 def sampling(fps: float, wanted: float | None) -> int:
@@ -221,24 +337,29 @@ def describe(info: VideoInfo, model: Model, layer: int, head: Head, every: int, 
 
 
 def render_video(
-    source: str | Path,
-    target: str | Path,
+    source: Source,
+    target: str | Path | BinaryIO,
     model: Model,
     settings: VideoSettings = VideoSettings(),
     limits: Limits = Limits(),
     progress: Callable[[int, int | None], None] | None = None,
     on_frame: Callable[[int, Image.Image], None] | None = None,
     name: str | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> VideoResult:
     """Write ``target``: an H.264 MP4 of ``source`` with the class token's heatmap over every used frame.
 
     ``progress(done, total)`` is called after each batch (``total``: frames expected in the result, or
     None when the header does not say); ``on_frame(i, picture)`` sees result frame ``i`` before it is
-    encoded (the tests compare it with a capture of the same input frame).
+    encoded (the tests compare it with a capture of the same input frame); ``stop()``, asked after every
+    decoded frame, ends the job with a :class:`VideoError` once it says True (the page: the visitor left).
+    ``target`` may be a binary file object (the page keeps the result in memory); a path is written
+    whole or not at all.
     """
     import av
 
-    name = name or Path(source).name
+    start = time.perf_counter()  # the job's wall time (limits.work_seconds) counts from here
+    name = _name(source, name)
     info = probe(source, limits, name)
     layer = model.depth - 1 if settings.layer is None else settings.layer
     if not 0 <= layer < model.depth:
@@ -254,10 +375,10 @@ def render_video(
     live = LiveSettings(model, layer, settings.head, settings.alpha, settings.cmap, settings.smooth, settings.fit)
     side = model.size * settings.scale
     side += side % 2  # yuv420p needs even sides
-    start = time.perf_counter()
-    frames_in = frames_out = 0
-    last_time = 0.0
-    with atomic.replacing(target) as f:
+    frames_out = 0
+    frames = Frames(source, name, limits, wanted=lambda index: index % every == 0, started=start, stop=stop)
+    written = atomic.replacing(target) if isinstance(target, (str, Path)) else contextlib.nullcontext(target)
+    with written as f:
         with av.open(f, "w", format="mp4") as out:
             stream = out.add_stream("libx264", rate=rate, options={"crf": "18", "preset": "veryfast"})
             stream.width = stream.height = side
@@ -284,15 +405,8 @@ def render_video(
                 if progress is not None:
                     progress(frames_out, expected)
 
-            for picture in decoded_frames(source, name):
-                if frames_in % every == 0:
-                    batch.append(picture)
-                    last_time = frames_in / info.fps
-                    if last_time > limits.seconds:  # a header without a length: the limit holds while decoding
-                        raise VideoError(f"{name} is longer than {limits.seconds:.0f} s; videos up to "
-                                         f"{limits.seconds:.0f} s can be used, so cut it shorter first.",
-                                         "too_long_decoded", name=name, limit=f"{limits.seconds:.0f}")
-                frames_in += 1
+            for _, picture in frames:
+                batch.append(picture)
                 if len(batch) >= settings.batch:
                     flush()
             flush()
@@ -300,4 +414,4 @@ def render_video(
                 raise VideoError(f"{name} holds no frame that could be decoded; nothing was written.")
             for packet in stream.encode():
                 out.mux(packet)
-    return VideoResult(info, frames_in, frames_out, every, fps, time.perf_counter() - start, note)
+    return VideoResult(info, frames.decoded, frames_out, every, fps, time.perf_counter() - start, note)

@@ -11,15 +11,16 @@ import sys
 from pathlib import Path
 
 from . import i18n
-from .command import load_model_from, model_arguments, say
+from .command import UsageError, check_outputs, load_model_from, model_arguments, say
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     vid = sub.add_parser(
         "video", help="a video with the class token's attention over every frame (MP4, H.264)",
         description="Each (sampled) frame goes through the same capture as a photo; the result is the model's "
-                    "view of the frame with the chosen layer's and head's heatmap. Limits (60 s, 4K, 500 MB) are "
-                    "checked from the file's header before any frame is decoded.",
+                    "view of the frame with the chosen layer's and head's heatmap. Limits (60 s, 4K, 500 MB, 7200 "
+                    "frames) are checked from the file's header before any frame is decoded, and again on every "
+                    "decoded frame.",
     )
     vid.add_argument("video", help="a video file (MP4, MOV, WebM, …; phone rotation is respected)")
     vid.add_argument("--out", required=True, help="the result, an .mp4 file")
@@ -70,14 +71,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--out must name an .mp4 file, not {args.out}.")
         if out.is_dir() or not out.parent.is_dir():
             raise ValueError(f"--out {args.out} must be a file in an existing folder.")
-        if out.exists() and out.resolve() == Path(args.video).resolve():
-            raise ValueError(f"--out {args.out} is the input video itself; choose another file name.")
+        check_outputs([(f"--out {args.out}", out)], [args.video, args.checkpoint], "nothing was written, so choose "
+                      "another file name")
         model = load_model_from(args)
         if args.layer is not None and args.layer > model.depth:
             raise ValueError(f"--layer {args.layer}: {model.public_name} has {model.depth} layers.")
         if isinstance(head, int) and head >= model.num_heads:
             raise ValueError(f"--head {head + 1}: {model.public_name} has {model.num_heads} heads per layer.")
-    except ValueError as e:
+    except (ValueError, UsageError) as e:
         return say(e, 2)
     settings = VideoSettings(layer=None if args.layer is None else args.layer - 1, head=head, alpha=args.alpha,
                              cmap=args.cmap, fit=args.fit, fps=args.fps, scale=args.scale)

@@ -4,20 +4,24 @@ Streamlit wiring only; the work is :func:`attnviz.video.render_video`, run throu
 queue (:mod:`attnviz_app.heavy`) with a progress bar. The result plays in the page (``st.video``); a frame
 scrubber shows any one of its frames, and "Freeze this frame" keeps the matching input frame as a
 lossless PNG, which then takes the same path as an upload: every view and the lesson work on it.
-Uploads and results live in the system's temporary folder, named by the upload's sha256.
+
+Nothing is written to disk: the upload is read from its bytes, the result is written into memory and kept
+in this session's state (one video per session, gone with the session), not in the server's cache of
+results. The job asks the queue after every frame whether anyone still waits for it
+(:meth:`attnviz.jobs.JobQueue.abandoned`): a closed tab, or a new request from the same tab, ends it.
 """
 from __future__ import annotations
 
 import hashlib
 import io
-import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
 
 import attnviz
-from attnviz import atomic, i18n
+from attnviz import i18n
 from attnviz import video as core
 from attnviz.softmax import HEAD_FUSIONS
 
@@ -27,8 +31,16 @@ from .text import t
 from .views.common import download_file
 
 FROZEN_KEY = "video_frozen"  # (png bytes, file name, digest) of the frame kept
-WORK = Path(tempfile.gettempdir()) / "attnviz-video"
+RESULT_KEY = "video_result"  # (job key, Rendered) of this session's last video
 POLL_S = 0.5
+
+
+@dataclass(frozen=True, eq=False)
+class Rendered:
+    """A finished video job: what it did and the MP4's bytes."""
+
+    result: core.VideoResult
+    mp4: bytes
 
 
 class Progress:
@@ -52,17 +64,6 @@ def progress_for(key: tuple) -> Progress:
     return Progress()
 
 
-def stored(data: bytes, name: str) -> tuple[Path, str]:
-    """The upload on disk (named by its sha256, written once, atomically) and its digest."""
-    digest = hashlib.sha256(data).hexdigest()
-    suffix = Path(name).suffix.lower()
-    WORK.mkdir(parents=True, exist_ok=True)
-    path = WORK / f"{digest}{suffix if suffix[1:] in core.FORMATS else '.video'}"
-    if not path.exists():
-        atomic.write_bytes(path, data)
-    return path, digest
-
-
 def message(error: core.VideoError) -> str:
     """The refusal in the reader's language (the core's English sentence where there is no translation)."""
     lang = st.session_state.get("lang") or i18n.DEFAULT
@@ -84,37 +85,50 @@ def layer_and_head(model: attnviz.Model) -> tuple[int, object]:
     return layer - 1, head if isinstance(head, str) else head - 1
 
 
-def render(model, source: Path, name: str, out: Path, options: core.VideoSettings, progress: Progress):
-    """The job: the whole video, written to ``out`` (whole or not at all)."""
-    return core.render_video(source, out, model, options, progress=progress.update, name=name)
+def render(model, data: bytes, name: str, options: core.VideoSettings, progress: Progress, stop) -> Rendered:
+    """The job: the whole video, drawn into memory; ``stop()`` ends it once nobody waits for it."""
+    out = io.BytesIO()
+    result = core.render_video(data, out, model, options, progress=progress.update, name=name, stop=stop)
+    return Rendered(result, out.getvalue())
 
 
 def wait_for(key: tuple, compute, working: str):
-    """``compute()`` through the shared heavy-job queue, with a progress bar of frames done."""
+    """``compute()`` through the shared heavy-job queue (its result not cached there: it is this session's),
+    with a progress bar of frames done."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
+
+    from attnviz.jobs import JobCancelled
 
     jobs, owner = heavy.queue(), heavy._owner()
     bar = st.empty()
     progress = progress_for(key)
-    job = jobs.submit(key, compute, owner)
-    try:
-        while not jobs.wait(job, POLL_S):
-            if job.state == "waiting":
-                bar.info(t("jobs.waiting", place=jobs.ahead(job) + 1, running=jobs.running, slots=jobs.workers))
-                continue
-            done, total = progress.read()
-            share = min(1.0, done / total) if total else 0.0
-            bar.progress(share, text=t("video.working", done=done, total=total or "?") if total else working)
-    except StopException:
-        jobs.leave(owner)
-        raise
-    bar.empty()
-    return job.result()
+    for _ in range(3):
+        job = jobs.submit(key, compute, owner, cache=False)
+        try:
+            while not jobs.wait(job, POLL_S):
+                if job.state == "waiting":
+                    bar.info(t("jobs.waiting", place=jobs.ahead(job) + 1, running=jobs.running, slots=jobs.workers))
+                    continue
+                done, total = progress.read()
+                share = min(1.0, done / total) if total else 0.0
+                bar.progress(share, text=t("video.working", done=done, total=total or "?") if total else working)
+        except StopException:
+            jobs.leave(owner)  # the run stopped (a rerun, a closed tab): the job stops unless someone else waits
+            raise
+        bar.empty()
+        try:
+            return job.result()
+        except JobCancelled:  # dropped while it waited: ask again
+            continue
+        except core.VideoError as e:
+            if e.key != "stopped":  # stopped as this session's previous run left it: this run asks again
+                raise
+    st.stop()
 
 
-def freeze(source: Path, index: int, name: str, digest: str) -> None:
+def freeze(source: bytes, index: int, name: str, digest: str) -> None:
     """Keep input frame ``index`` (upright) as PNG bytes: the page then explores it like a photo."""
-    picture = core.frame_at(source, index)
+    picture = core.frame_at(source, index, name)
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")
     st.session_state[FROZEN_KEY] = (buffer.getvalue(), f"{Path(name).stem}-frame{index + 1}.png", digest)
@@ -126,7 +140,8 @@ def video_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] 
     if up is None:
         st.info(t("video.waiting"))
         st.stop()
-    source, digest = stored(up.getvalue(), up.name)
+    source = up.getvalue()  # in memory only: never written to disk
+    digest = hashlib.sha256(source).hexdigest()
     kept = st.session_state.get(FROZEN_KEY)
     if kept is not None and kept[2] != digest:  # a new video: the old frozen frame goes
         st.session_state.pop(FROZEN_KEY, None)
@@ -140,24 +155,31 @@ def video_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] 
     alpha, cmap = st.session_state.get("alpha", 0.6), st.session_state.get("cmap", "inferno")
     options = core.VideoSettings(layer=layer, head=head, alpha=alpha, cmap=cmap, fit=settings.fit)
     key = ("video", digest, settings.key, model.size, layer, head, alpha, cmap, settings.fit)
-    out = WORK / f"{digest}-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.mp4"
-    try:
-        result = wait_for(key, lambda: render(model, source, up.name, out, options, progress_for(key)),
-                          t("video.working_start"))
-    except core.VideoError as e:
-        st.error(message(e))
-        st.stop()
+    done = st.session_state.get(RESULT_KEY)
+    if done is not None and done[0] == key:
+        rendered = done[1]
+    else:
+        st.session_state.pop(RESULT_KEY, None)  # the last video goes before the next is drawn
+        jobs, progress = heavy.queue(), progress_for(key)
+        try:
+            rendered = wait_for(key, lambda: render(model, source, up.name, options, progress,
+                                                    stop=lambda: jobs.abandoned(key)), t("video.working_start"))
+        except core.VideoError as e:
+            st.error(message(e))
+            st.stop()
+        st.session_state[RESULT_KEY] = (key, rendered)
+    result, mp4 = rendered.result, rendered.mp4
     lang = st.session_state.get("lang") or i18n.DEFAULT
     played, still = st.columns([1, 1], gap="medium")  # side by side on a screen, one above the other on a phone
     with played:
-        st.video(out.read_bytes(), format="video/mp4")
+        st.video(mp4, format="video/mp4")
         st.caption(t("video.result", note=core.describe(info, model, layer, head, result.every, result.fps, lang),
                      used=result.frames_out, total=result.frames_in, seconds=result.frames_out / result.fps))
-        download_file(out.read_bytes, f"{Path(up.name).stem}_attention.mp4", key="video_download", mime="video/mp4",
+        download_file(mp4, f"{Path(up.name).stem}_attention.mp4", key="video_download", mime="video/mp4",
                       label=t("video.download"))
     with still:
         frame = st.slider(t("video.frame"), 1, result.frames_out, 1, key="video_frame") if result.frames_out > 1 else 1
-        st.image(core.frame_at(out, frame - 1), caption=t("video.frame_caption", frame=frame, of=result.frames_out,
+        st.image(core.frame_at(mp4, frame - 1), caption=t("video.frame_caption", frame=frame, of=result.frames_out,
                                                           input=(frame - 1) * result.every + 1))
         st.button(t("video.freeze"), help=t("video.freeze_help"), type="primary", key="video_freeze",
                   on_click=freeze, args=(source, (frame - 1) * result.every, up.name, digest))

@@ -5,9 +5,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 import attnviz
+from attnviz import cli
 from attnviz.cli import safe_stem
 from conftest import ASSETS, ROOT
 
@@ -45,3 +47,30 @@ def test_safe_stem_blocks_path_traversal():
     assert safe_stem("/tmp/..hidden.jpg") == "hidden"
     assert safe_stem("ä photo (1).jpg") == "photo_1"
     assert safe_stem("....jpg") == "image"
+
+
+def test_two_inputs_with_the_same_name_from_different_folders_get_distinct_files_recording_each(tmp_path, monkeypatch):
+    """Before: x.npz and x_.npz, both recording ``file: x.jpg``; now a_x and b_x, recording a/x.jpg and b/x.jpg."""
+    from attnviz import export as exporting
+    from conftest import tiny_vit
+
+    model = tiny_vit()
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: model)
+    for folder, colour in (("a", (200, 30, 30)), ("b", (30, 30, 200))):
+        (tmp_path / folder).mkdir()
+        Image.new("RGB", (48, 40), colour).save(tmp_path / folder / "x.jpg")
+    out = tmp_path / "out"
+    assert cli.main(["export", str(tmp_path / "a" / "x.jpg"), str(tmp_path / "b" / "x.jpg"), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["a_x.npz", "a_x_overlay.png", "b_x.npz", "b_x_overlay.png"]
+    assert exporting.read_meta(out / "a_x.npz")["source"]["file"] == "a/x.jpg"
+    assert exporting.read_meta(out / "b_x.npz")["source"]["file"] == "b/x.jpg"
+    red = attnviz.capture(model, Image.open(tmp_path / "a" / "x.jpg"))
+    assert np.allclose(attnviz.load_capture(out / "a_x.npz").query.numpy(), red.query.numpy(), atol=1e-6)
+    assert cli.plan(["x.jpg", "x.png", "c/y.jpg"]) == [("x.jpg", "x"), ("x.png", "x_"), ("c/y.jpg", "y")]
+
+
+def test_faithfulness_help_says_percent_once(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["faithfulness", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "remove them 10 % at a time" in text and "%%" not in text

@@ -88,3 +88,49 @@ def test_every_command_refuses_an_impossible_device_in_the_same_words_before_loa
     assert cli.main([*argv, "--device", device]) == 2
     assert capsys.readouterr().err == f"error: {said}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_check_outputs_refuses_an_input_by_name_link_hard_link_or_inside_an_input_folder(tmp_path):
+    import os
+
+    photo = tmp_path / "x.jpg"
+    photo.write_bytes(b"a photo")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    (tmp_path / "soft.json").symlink_to(photo)
+    os.link(photo, tmp_path / "hard.json")
+    (tmp_path / "into").symlink_to(run, target_is_directory=True)
+    for target, clash in ((photo, photo), (tmp_path / "." / "x.jpg", photo), (tmp_path / "soft.json", photo),
+                          (tmp_path / "hard.json", photo)):
+        with pytest.raises(command.UsageError) as error:
+            command.check_outputs([("--json out", target)], [photo, run, None])
+        assert str(error.value) == f"--json out would overwrite the input {clash} ({target}); nothing was written, so " \
+                                   "name another file."
+    for target in (run / "run.json", run / "new.json", tmp_path / "into" / "run.json"):
+        with pytest.raises(command.UsageError, match=rf"^--json out is inside the folder {run}, whose files"):
+            command.check_outputs([("--json out", target)], [photo, run])
+    command.check_outputs([("--json out", tmp_path / "fine.json"), ("--json out", tmp_path / "runs.json")],
+                          [photo, run])  # beside the inputs is fine (and "run" is not a prefix of "runs.json")
+
+
+@pytest.mark.parametrize("argv", [
+    ["faithfulness", "{photo}", "--json", "{photo}"],
+    ["figure", "{photo}", "--out", "{photo}", "--format", "png"],
+    ["video", "{clip}", "--out", "{clip}"],
+    ["export", "{photo}", "--out", "{folder}"],
+    ["qk", "{photo}", "--layer", "1", "--head", "1", "--json", "{photo}"],
+    ["faithfulness", "{photo}", "--json", "{folder}/w.safetensors", "--model", "vit_tiny_patch16_224",
+     "--checkpoint", "{folder}/w.safetensors"],
+])
+def test_every_command_refuses_an_output_that_is_one_of_its_inputs(tmp_path, capsys, monkeypatch, argv):
+    photo, clip, weights = tmp_path / "x.jpg", tmp_path / "x.mp4", tmp_path / "w.safetensors"
+    for f in (photo, clip, weights):
+        f.write_bytes(b"input " + f.name.encode())
+    (tmp_path / "x_overlay.png").symlink_to(photo)  # export's overlay of x.jpg would be written through this
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    args = [a.format(photo=photo, clip=clip, folder=tmp_path) for a in argv]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "would overwrite the input" in err
+    assert all(f.read_bytes() == b"input " + f.name.encode() for f in (photo, clip, weights))

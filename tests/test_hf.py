@@ -170,3 +170,26 @@ def test_hf_model_runs_the_lesson(tmp_path):
     assert batch.shape == (3, 3) and torch.allclose(batch, cap.output.expand(3, -1), atol=1e-5)
     result = lesson.perturbation(model, cap, 1, "mean", steps=2, repeats=1)
     assert result.metric == "probability" and result.attended[0] == 0.0 and result.removed.tolist() == [0, 4, 8]
+
+
+def test_a_folder_without_preprocessor_config_says_it_uses_imagenet_mean_and_std(tmp_path):
+    folder = save(tiny("ViTModel"), tmp_path / "bare")  # no preprocessor_config.json
+    model = attnviz.load_model(f"hf:{folder}", device="cpu")
+    assert model.data_config["mean"] == (0.485, 0.456, 0.406) and model.data_config["std"] == (0.229, 0.224, 0.225)
+    assert model.notes == ("hf:bare has no preprocessor_config.json, so attnviz normalises its photos with ImageNet's "
+                           "mean (0.485, 0.456, 0.406) and standard deviation (0.229, 0.224, 0.225); if it was trained "
+                           "with other values, its attention here is not what it computes on its own inputs.",)
+    assert str(folder) not in model.notes[0]  # a page may show it: no path of this computer
+    with_file = attnviz.load_model(f"hf:{save(tiny('ViTModel'), tmp_path / 'full', VIT_PROCESSOR)}", device="cpu")
+    assert with_file.notes == ()
+
+
+def test_hf_without_transformers_is_one_sentence_naming_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    folder = save(tiny("ViTModel"), tmp_path / "vit", VIT_PROCESSOR)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the hf extra were not installed
+    with pytest.raises(attnviz.ModelError) as error:
+        attnviz.load_model(f"hf:{folder}", device="cpu")
+    assert str(error.value) == ("Hugging Face models (\"hf:…\") need the transformers package, which is not "
+                                "installed: pip install 'attnviz[hf]'.")

@@ -488,3 +488,58 @@ def test_only_the_files_a_folder_is_made_of_make_its_content_key(tmp_path):
     (folder / "notes.json").write_text("{}")  # not read by the loader: not hashed either
     [entry] = serving.list_checkpoints(tmp_path / "owner")
     assert entry.files() == (folder / "config.json", folder / "model.safetensors")
+
+
+# --- networks that do not compute what their classes define, and messages that must say what is wrong -------
+
+
+def test_an_attention_forward_replaced_on_the_instance_is_refused_in_one_sentence():
+    """Before, a monkey-patched attention was read by its class: weights 0.14–0.17 off, silently."""
+    import types
+
+    network = tiny_vit().network
+    attn = network.blocks[1].attn
+    attn.forward = types.MethodType(lambda self, x, **kw: type(self).forward(self, 2 * x, **kw), attn)
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(network, "patched", "test", 32)
+    assert str(error.value) == (
+        "VisionTransformer.blocks.1.attn (Attention) has its forward replaced on the instance, so it does not compute "
+        "what Attention defines and attnviz refuses it rather than show attention weights that may be wrong; use the "
+        "model without the patch.")
+    attn.forward = lambda x, **kw: x  # a plain function too
+    with pytest.raises(ModelError, match=r"^VisionTransformer.blocks.1.attn \(Attention\) has its forward replaced"):
+        attnviz.wrap(network, "patched", "test", 32)
+    del attn.forward  # the class's own forward again: read as before
+    assert attnviz.wrap(network, "restored", "test", 32).depth == 2
+
+
+def test_a_torch_compiled_model_is_one_sentence():
+    network = tiny_vit().network
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(torch.compile(network), "compiled", "test", 32)
+    assert str(error.value) == ("This is a torch.compile'd VisionTransformer, whose compiled graph attnviz cannot hook; "
+                                "pass the model before torch.compile (model._orig_mod) instead.")
+
+
+def test_torchvisions_vision_transformer_is_refused_as_torchvisions():
+    torchvision = pytest.importorskip("torchvision")
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(torchvision.models.VisionTransformer(32, 8, 2, 2, 16, 32), "tv", "test", 32)
+    assert str(error.value).startswith("torchvision's VisionTransformer (not timm's) has attention layers in an "
+                                       "architecture attnviz does not know")
+
+
+def test_a_photo_for_a_half_precision_model_is_prepared_in_its_dtype_and_bfloat16_is_one_sentence():
+    from PIL import Image
+
+    photo = Image.new("RGB", (40, 40), (100, 50, 0))
+    half = tiny_vit()
+    half.network.half()
+    cap = attnviz.capture(half, photo)  # before: "pass x.to(torch.float16)", though the caller passed a photo
+    assert cap.query.dtype == torch.float16 and cap.cls_map(1, "mean").shape == (4, 4)
+    brain = tiny_vit()
+    brain.network.to(torch.bfloat16)
+    with pytest.raises(ModelError) as error:
+        attnviz.capture(brain, photo)
+    assert str(error.value) == ("tiny's weights are bfloat16, which attnviz's maps (numpy arrays) cannot hold; convert "
+                                "the model to float32 with model.network.float() and capture the photo again.")

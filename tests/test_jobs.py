@@ -154,3 +154,56 @@ def test_the_result_cache_is_bounded_least_recently_used_first():
             queue.submit("a", lambda: "unused", owner="anna")  # a hit: "a" becomes the most recent
     assert [queue.cached(k) for k in "abcd"] == [True, False, True, True]
     assert queue.runs == 4
+
+
+def test_a_running_job_whose_owners_all_left_or_are_gone_knows_it_is_abandoned_and_can_stop():
+    gone: set = set()
+    queue = JobQueue(workers=1, alive=lambda owner: owner not in gone)
+    started, steps = threading.Event(), []
+
+    def long_job(key):
+        def compute():
+            started.set()
+            for step in range(500):  # 5 s unless it stops
+                if queue.abandoned(key):
+                    return ("stopped", step)
+                steps.append(step)
+                time.sleep(0.01)
+            return ("finished", 500)
+        return compute
+
+    job = queue.submit("video", long_job("video"), owner="anna")
+    assert started.wait(5) and not queue.abandoned("video")
+    queue.submit("video", long_job("video"), owner="ben")  # a second visitor waits for the same run
+    queue.leave("anna")
+    time.sleep(0.05)
+    assert not queue.abandoned("video") and not job.done()  # ben still waits
+    gone.add("ben")  # ben's tab closed: his session is no longer active
+    assert queue.wait(job, 5) and job.result()[0] == "stopped" and len(steps) < 100
+    assert not queue.abandoned("video")  # finished: no longer running
+
+
+def test_asking_for_another_job_gives_up_the_share_in_a_running_one():
+    queue = JobQueue(workers=2)
+    started = threading.Event()
+
+    def compute():
+        started.set()
+        deadline = time.monotonic() + 5
+        while not queue.abandoned("first") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "stopped" if queue.abandoned("first") else "ran out"
+
+    first = queue.submit("first", compute, owner="anna")
+    assert started.wait(5)
+    queue.submit("second", lambda: 2, owner="anna")
+    assert queue.wait(first, 10) and first.result() == "stopped"
+
+
+def test_a_job_submitted_without_cache_is_shared_while_it_runs_but_not_kept():
+    queue, gauge = JobQueue(workers=1), Gauge(0.05)
+    one = queue.submit("big", gauge.job(7), owner="anna", cache=False)
+    assert queue.submit("big", gauge.job(7), owner="ben", cache=False) is one
+    assert queue.wait(one, 10) and one.result() == 49 and not queue.cached("big")
+    again = queue.submit("big", gauge.job(7), owner="anna", cache=False)
+    assert queue.wait(again, 10) and again.result() == 49 and gauge.calls == [7, 7]

@@ -93,3 +93,38 @@ def test_cli_umap_is_every_point_and_seeded(tmp_path, real_model, capsys):
     cap = attnviz.capture(real_model, attnviz.load_photo(photo, real_model).image)
     assert np.array_equal(attnviz.qkmap.qk_map(cap, 5, 0, method="umap").xy, xy)
     assert "umap" in capsys.readouterr().out
+
+
+def test_cli_never_writes_its_json_onto_a_photo_or_into_the_run_it_reads(tmp_path, capsys, monkeypatch):
+    """Before, ``--json`` naming the photo replaced the JPEG with JSON (exit 0), and ``--json R/run.json``
+    destroyed the run; now both are one line, exit 2, before the model loads, and every input stays as it was."""
+    from attnviz import models
+
+    photo = tmp_path / "cat.jpg"
+    shutil.copy(ASSETS / "cat.jpg", photo)
+    before = photo.read_bytes()
+    loads = []
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: loads.append(a) or attnviz.load_model(size=56))
+    assert main(["qk", str(photo), "--layer", "1", "--head", "1", "--json", str(photo)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --json {photo} would overwrite the input {photo} ({photo}); nothing was written, so name "
+                   "another file.\n")
+    link = tmp_path / "out.json"
+    link.symlink_to(photo)  # an output that is a link to the photo is the photo too
+    assert main(["qk", str(photo), "--layer", "1", "--head", "1", "--json", str(link)]) == 2
+    assert photo.read_bytes() == before and loads == []
+    capsys.readouterr()
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in ("cat.jpg", "coffee.jpg"):
+        shutil.copy(ASSETS / name, folder / name)
+    run = tmp_path / "run"
+    dataset.run_local(folder, run, dataset.RunConfig(store="qk", size=56), progress=False)
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for target in (run / "run.json", run / "qk.json"):
+        assert main(["qk", "--run", str(run), "--layer", "1", "--head", "1", "--json", str(target)]) == 2
+        assert capsys.readouterr().err == (f"error: --json {target} is inside the folder {run}, whose files this "
+                                           "command reads; nothing was written, so name another file.\n")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
+    assert main(["qk", "--run", str(run), "--layer", "1", "--head", "1", "--json", str(tmp_path / "qk.json")]) == 0

@@ -316,3 +316,59 @@ except KeyboardInterrupt:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).parent)
     assert done.returncode == 0 and done.stdout.strip() == "interrupted", (done.returncode, done.stderr[-500:])
+
+
+class ExactOnTheCatOnly:
+    """ONNX Runtime made to round its queries 1 % off on every input but the sample cat: what a runtime close to
+    its bound looks like when the check at load uses one easy photo."""
+
+    NAME, PACKAGE = "cat-only", "onnxruntime"
+    cat: np.ndarray | None = None
+
+    @classmethod
+    def start(cls, path, threads, batches=False):
+        run = runtimes.RUNTIMES["onnxruntime"].start(path, threads, batches=batches)
+
+        def skewed(x):
+            out = run(x)
+            if not np.array_equal(x, cls.cat):
+                out = [out[0], np.asarray(out[1]) * 1.01, *out[2:]]
+            return out
+
+        return skewed
+
+
+@needs_extra
+def test_the_runtime_is_certified_on_photos_noise_and_extremes_not_on_one_photo(tiny, cache, monkeypatch, caplog):
+    ExactOnTheCatOnly.cat = runtimes.probe(tiny).numpy()
+    monkeypatch.setitem(runtimes.RUNTIMES, "cat-only", ExactOnTheCatOnly)
+    cat_only = runtimes.Runtime("cat-only", Path("unused"), 1, ExactOnTheCatOnly.start(
+        runtimes.graph.exported(tiny, cache), 1))
+    assert runtimes.mismatch(tiny, cat_only) is None  # on the cat alone it passes: what was certified before
+    with caplog.at_level(logging.WARNING, logger="attnviz.runtimes"):
+        kept = attnviz.fast(tiny, "cat-only", cache=cache)
+    assert kept.runtime is None  # before: kept, and 1 % off on every other photo
+    assert "stays on PyTorch: on cat-only on astronaut.jpg: layer 0's queries differ from PyTorch's" in caplog.text
+    assert set(runtimes.probes(tiny)) == {"cat.jpg", "astronaut.jpg", "coffee.jpg", "rocket.jpg", "noise", "black",
+                                          "white", "checkerboard"}
+    extremes = runtimes.probes(tiny)
+    lo, hi = extremes["black"].amin(), extremes["white"].amax()
+    assert float(extremes["noise"].amin()) == pytest.approx(float(lo), abs=0.02)  # noise spans the whole range
+    assert float(extremes["noise"].amax()) == pytest.approx(float(hi), abs=0.02)
+
+
+@needs_extra
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_certified_bound_is_stated_and_holds_on_every_input_of_the_set(tiny, cache, runtime):
+    quick = attnviz.fast(tiny, runtime, cache=cache)
+    certified = quick.runtime.certified
+    assert certified.startswith("attention weights within 1e-05 of PyTorch's (q, k, token norms and output within "
+                                "1e-05 of their largest value) on 8 inputs: cat.jpg, astronaut.jpg, coffee.jpg, "
+                                "rocket.jpg, noise, black, white, checkerboard; largest weight difference ")
+    largest = float(certified.rsplit(" ", 1)[1])
+    seen = 0.0
+    for x in runtimes.probes(tiny).values():
+        ref, got = capture_tensor(tiny, x), capture_tensor(quick, x)
+        for layer in range(ref.num_layers):
+            seen = max(seen, float((ref.layer_weights(layer) - got.layer_weights(layer)).abs().max()))
+    assert seen <= runtimes.TOLERANCE and seen == pytest.approx(largest, rel=0.06, abs=1e-12)

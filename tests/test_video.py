@@ -14,7 +14,7 @@ import attnviz
 from attnviz import cli, render, video
 from conftest import tiny_vit
 from test_capture import reference_weights
-from video_fixtures import read_frames, write_clip
+from video_fixtures import read_frames, write_clip, write_size_switch
 
 CODEC_TOLERANCE = 4.0  # mean |decoded − drawn| per channel, 0…255: H.264 at crf 18 on these small frames
 LUT_STEP = 4  # max |drawn − expected| per pixel: a weight recomputed differently (≈1e-7) may fall one colour bin over
@@ -138,15 +138,15 @@ def test_not_a_video_and_a_damaged_one_leave_nothing(tiny, tmp_path):
 
 def test_a_decoding_failure_midway_leaves_no_partial_output(tiny, tmp_path, monkeypatch):
     src = write_clip(tmp_path / "clip.mp4", 20, fps=30)
-    real = video.decoded_frames
+    real = video.Frames.__iter__
 
-    def breaks(source, name=None):
-        for i, picture in enumerate(real(source, name)):
+    def breaks(self):
+        for i, picture in real(self):
             if i == 12:
                 raise video.VideoError("clip.mp4 is damaged: a frame could not be decoded; nothing was written.")
-            yield picture
+            yield i, picture
 
-    monkeypatch.setattr(video, "decoded_frames", breaks)
+    monkeypatch.setattr(video.Frames, "__iter__", breaks)
     with pytest.raises(video.VideoError, match="damaged"):
         video.render_video(src, tmp_path / "out.mp4", tiny, video.VideoSettings(batch=4))
     assert leftovers(tmp_path) == ["clip.mp4"]
@@ -163,7 +163,7 @@ def test_limits_are_checked_from_the_header_before_any_frame(tiny, tmp_path, mon
     def never(*args, **kwargs):
         raise AssertionError("a frame was decoded")
 
-    monkeypatch.setattr(video, "decoded_frames", never)
+    monkeypatch.setattr(video.Frames, "__iter__", never)
     with pytest.raises(video.VideoError, match=message):
         video.render_video(src, tmp_path / "out.mp4", tiny, limits=limits)
     assert leftovers(tmp_path) == ["clip.mp4"]
@@ -258,10 +258,117 @@ def test_every_refusal_reads_in_both_languages(tmp_path):
         with pytest.raises(video.VideoError) as caught:
             video.probe(source, limits)
         errors.append(caught.value)
-    assert [e.key for e in errors] == ["too_long", "too_many_pixels", "too_large", "not_video"]
+    for limits in (video.Limits(frames=10), video.Limits(decoded_pixels=100)):
+        with pytest.raises(video.VideoError) as caught:
+            video.probe(src, limits)
+        errors.append(caught.value)
+    for limits, stop in ((video.Limits(frames=10), None), (video.Limits(work_seconds=0.0), None),
+                         (video.Limits(), lambda: True)):
+        with pytest.raises(video.VideoError) as caught:
+            list(video.Frames(src, limits=limits, stop=stop))  # held while decoding, whatever the header says
+        errors.append(caught.value)
+    with pytest.raises(video.VideoError) as caught:
+        list(video.Frames(write_size_switch(tmp_path / "switch.mp4"), limits=video.Limits()))
+    errors.append(caught.value)
+    assert [e.key for e in errors] == ["too_long", "too_many_pixels", "too_large", "not_video", "too_many_frames",
+                                       "too_many_pixels_in_all", "too_many_frames_decoded", "too_slow", "stopped",
+                                       "size_changed"]
     for error in errors:
         for lang in i18n.LANGUAGES:
             sentence = i18n.text(lang, f"video.error_{error.key}", **error.values)
             assert error.values["name"] in sentence and "{" not in sentence
     assert i18n.text("zh-TW", "video.error_too_long", **errors[0].values) == \
         "clip.mp4 長 2.0 秒；影片最長 1 秒，請先剪短。"
+
+
+# --- hostile files: the limits hold for every decoded frame, not only for the header ----------------------
+
+
+def test_an_in_band_switch_to_a_larger_frame_size_is_refused_before_such_a_frame_is_decoded(tiny, tmp_path,
+                                                                                           monkeypatch):
+    """The header (and 4 frames) say 64 × 48; then a new SPS switches the stream to 1024 × 768. Before, every
+    later frame was decoded (and drawn) at full size: an 8192 × 8192 switch cost the CLI ~2.9 GB."""
+    src = write_size_switch(tmp_path / "switch.mp4", (64, 48), (1024, 768), frames=4)
+    info = video.probe(src)
+    assert (info.width, info.height, info.frames) == (64, 48, 8)  # the header passes every limit
+    seen = []
+    real = video.upright
+    monkeypatch.setattr(video, "upright", lambda frame: seen.append((frame.width, frame.height)) or real(frame))
+    with pytest.raises(video.VideoError) as error:
+        video.render_video(src, tmp_path / "out.mp4", tiny, video.VideoSettings(batch=2))
+    assert str(error.value) == ("switch.mp4 changes its frame size mid-stream from 64 × 48 to 1024 × 768 pixels, "
+                                "larger than its header says, so it cannot be used.")
+    assert error.value.key == "size_changed" and error.value.values["new_width"] == 1024
+    assert seen == [(64, 48)] * 4  # no 1024 × 768 frame ever reached Python
+    assert leftovers(tmp_path) == ["switch.mp4"]
+    frames = video.Frames(src)
+    with pytest.raises(video.VideoError, match="changes its frame size"):
+        list(frames)
+    assert frames.decoded == 4  # the decoder refused the first large frame rather than allocate it
+
+
+def test_tiny_frames_at_a_high_rate_are_refused_from_the_header(tiny, tmp_path, monkeypatch):
+    """8 s of 16 × 16 frames at 1000 fps: within seconds, pixels and bytes, but 8000 frames to decode."""
+    src = write_clip(tmp_path / "fast.mp4", 8000, fps=1000, width=16, height=16)
+    monkeypatch.setattr(video.Frames, "__iter__", lambda self: (_ for _ in ()).throw(AssertionError("decoded")))
+    with pytest.raises(video.VideoError) as error:
+        video.render_video(src, tmp_path / "out.mp4", tiny)
+    assert str(error.value) == ("fast.mp4 has 8000 frames; videos of up to 7200 frames can be used, so lower its "
+                                "frame rate or cut it shorter first.")
+    assert error.value.key == "too_many_frames" and leftovers(tmp_path) == ["fast.mp4"]
+
+
+def test_only_the_sampled_frames_become_pictures_and_every_decoded_frame_counts(tiny, tmp_path, monkeypatch):
+    src = write_clip(tmp_path / "fast.mp4", 240, fps=240, width=16, height=16)
+    converted = []
+    real = video.upright
+    monkeypatch.setattr(video, "upright", lambda frame: converted.append(frame.pts) or real(frame))
+    result, drawn = run(tiny, src, tmp_path / "out.mp4")
+    assert (result.every, result.frames_in, result.frames_out) == (8, 240, 30)
+    assert len(converted) == 30 and len(drawn) == 30  # before: all 240 were turned into pictures
+    # the frame count is held while decoding too (a header that does not say, or lies)
+    frames = video.Frames(src, limits=video.Limits(frames=100))
+    with pytest.raises(video.VideoError, match=r"^fast.mp4 has more than 100 frames; videos of up to 100 frames"):
+        list(frames)
+    assert frames.decoded == 101
+    with pytest.raises(video.VideoError, match=r"holds 0.0 gigapixels of frames; videos up to 0.0 gigapixels"):
+        list(video.Frames(src, limits=video.Limits(decoded_pixels=16 * 16 * 50)))
+
+
+def test_a_job_over_its_wall_budget_or_nobody_waits_for_stops_and_leaves_nothing(tiny, tmp_path):
+    src = write_clip(tmp_path / "clip.mp4", 20, fps=30)
+    with pytest.raises(video.VideoError) as error:
+        video.render_video(src, tmp_path / "out.mp4", tiny, limits=video.Limits(work_seconds=0.0))
+    assert error.value.key == "too_slow" and str(error.value).startswith("clip.mp4 took longer than 0 s to draw")
+    asked = []
+    with pytest.raises(video.VideoError) as error:
+        video.render_video(src, tmp_path / "out.mp4", tiny, stop=lambda: asked.append(1) or len(asked) > 5)
+    assert error.value.key == "stopped" and len(asked) == 6
+    assert leftovers(tmp_path) == ["clip.mp4"]
+
+
+def test_a_video_in_memory_is_read_and_written_without_a_file(tiny, tmp_path):
+    import io
+
+    data = write_clip(tmp_path / "clip.mp4", 6, fps=30).read_bytes()
+    info = video.probe(data, name="upload.mp4")
+    assert (info.name, info.frames, info.bytes) == ("upload.mp4", 6, len(data))
+    out = io.BytesIO()
+    result = video.render_video(data, out, tiny, name="upload.mp4")
+    assert result.frames_out == 6 and result.source.name == "upload.mp4"
+    first = np.asarray(video.frame_at(out.getvalue(), 0))
+    assert first.shape == (64, 64, 3)
+    assert np.array_equal(np.asarray(video.frame_at(data, 3)), np.asarray(video.frame_at(tmp_path / "clip.mp4", 3)))
+
+
+def test_docs_robustness_states_the_limits_the_code_enforces():
+    from conftest import ROOT
+
+    text = (ROOT / "docs" / "robustness.md").read_text()
+    limits = video.Limits()
+    for row in (f"| video file | {limits.bytes // 2**20} MB |", f"| video length | {limits.seconds:.0f} s,",
+                f"| video frames decoded | {limits.frames} (60 s at 120 fps)",
+                f"| video pixels decoded in all | {limits.decoded_pixels / 1e9:.0f} gigapixels",
+                f"| video job wall time | {limits.work_seconds:.0f} s,", "| video frame size | 3840 × 2160 (4K)"):
+        assert row in text, row
+    assert limits.pixels == 3840 * 2160

@@ -244,3 +244,11 @@ def test_attnviz_app_without_the_app_extra_prints_a_hint(installed):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'attnviz[app]'" in lines[0], done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def test_what_building_the_wheel_leaves_in_the_checkout_is_ignored_by_git():
+    """``pip wheel .`` leaves build/ and attnviz.egg-info/ behind; they must not show as untracked files."""
+    left = ["build/lib/attnviz/__init__.py", "build/bdist.linux-x86_64/wheel/attnviz/cli.py",
+            "attnviz.egg-info/PKG-INFO", "attnviz.egg-info/SOURCES.txt"]
+    found = subprocess.run(["git", "check-ignore", "--no-index", *left], cwd=ROOT, capture_output=True, text=True)
+    assert found.stdout.split() == left

@@ -47,3 +47,42 @@ def read_frames(path: Path) -> list[np.ndarray]:
 
     with av.open(str(path)) as c:
         return [f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]
+
+
+def _annex_b(width: int, height: int, frames: int, fps: int) -> bytes:
+    """``frames`` moving-shape frames as a raw H.264 stream (Annex B: its SPS and PPS in-band, first)."""
+    from fractions import Fraction
+
+    import av
+
+    ctx = av.CodecContext.create("libx264", "w")
+    ctx.width, ctx.height, ctx.pix_fmt, ctx.time_base = width, height, "yuv420p", Fraction(1, fps)
+    ctx.options = {"preset": "ultrafast", "crf": "30"}
+    packets = []
+    for i in range(frames):
+        frame = av.VideoFrame.from_ndarray(shapes(i, width, height), format="rgb24")
+        frame.pts = i
+        packets += [bytes(p) for p in ctx.encode(frame)]
+    packets += [bytes(p) for p in ctx.encode(None)]
+    return b"".join(packets)
+
+
+def write_size_switch(path: Path, first: tuple[int, int] = (64, 48), then: tuple[int, int] = (1024, 768),
+                      frames: int = 4, fps: int = 30) -> Path:
+    """A hostile MP4: its header (and first ``frames`` frames) say ``first``; the stream then switches in-band,
+    with a new SPS, to ``then`` for ``frames`` more frames — as a ~1 MB file switching to 8192 × 8192 would."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    raw = _annex_b(*first, frames, fps) + _annex_b(*then, frames, fps)
+    with av.open(io.BytesIO(raw), format="h264") as source, av.open(str(path), "w", format="mp4") as out:
+        stream = out.add_stream_from_template(source.streams.video[0])
+        stream.time_base = Fraction(1, fps)
+        for i, packet in enumerate(p for p in source.demux(source.streams.video[0]) if p.size):
+            packet.stream, packet.time_base = stream, Fraction(1, fps)
+            packet.pts = packet.dts = i
+            packet.duration = 1
+            out.mux(packet)
+    return path

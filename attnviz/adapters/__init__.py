@@ -89,6 +89,9 @@ def families() -> tuple[Family, ...]:
 
 def adapter_for(network: torch.nn.Module, size: int) -> Adapter:
     """The adapter that reads ``network`` exactly at S × S inputs, or a ModelError saying why not."""
+    unread = not_as_defined(network)
+    if unread is not None:
+        raise ModelError(unread)
     for family in families():
         if family.claims(network):
             return family.adapter(network, size)
@@ -103,9 +106,40 @@ def family_of_name(name: str | None) -> Family | None:
     return next((f for f in families() if f.prefix is not None and name.startswith(f.prefix)), None)
 
 
+def not_as_defined(network: torch.nn.Module) -> str | None:
+    """Why ``network`` does not compute what its classes define, in one sentence, or None when it does.
+
+    An adapter reads a layer by what its class computes; a ``torch.compile`` wrapper, or a module whose
+    ``forward`` was replaced on the instance (``attn.forward = …``), computes something else, and reading it
+    by its class would give plausible but wrong weights (a patched timm ``Attention`` read 0.14–0.17 off).
+    """
+    compiled = getattr(network, "_orig_mod", None)
+    if isinstance(compiled, torch.nn.Module) and type(network).__name__ == "OptimizedModule":
+        return (f"This is a torch.compile'd {type(compiled).__name__}, whose compiled graph attnviz cannot hook; pass "
+                "the model before torch.compile (model._orig_mod) instead.")
+    for path, module in network.named_modules():
+        replaced = vars(module).get("forward")
+        if replaced is not None and getattr(replaced, "__func__", None) is not type(module).forward:
+            where = f"{type(network).__name__}.{path}" if path else type(network).__name__
+            return (f"{where} ({type(module).__name__}) has its forward replaced on the instance, so it does not "
+                    f"compute what {type(module).__name__} defines and attnviz refuses it rather than show attention "
+                    "weights that may be wrong; use the model without the patch.")
+    return None
+
+
+def _owned(cls: type) -> str:
+    """A class's name, with its package's where timm has a class of that name (torchvision's VisionTransformer)."""
+    import timm.models
+
+    package = cls.__module__.split(".")[0]
+    if package != "timm" and hasattr(timm.models, cls.__name__):
+        return f"{package}'s {cls.__name__} (not timm's)"
+    return cls.__name__
+
+
 def refusal(network: torch.nn.Module) -> str:
     """Why no registered family reads ``network``, in one sentence."""
-    net = type(network).__name__
+    net = _owned(type(network))
     blocks = getattr(network, "blocks", None)
     known = known_refusal(network)  # a timm family attnviz does not read: what it has instead
     if known is not None:

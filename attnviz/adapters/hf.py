@@ -31,6 +31,8 @@ from .registry import Family, register
 from .tap import Recorder, Tap
 
 PREFIX = "hf:"  # load_model("hf:<folder or repo id>")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+NO_PREPROCESSOR = "no preprocessor_config.json: ImageNet mean/std assumed"
 
 # architecture → (attention class, layer class, number of prefix tokens before the patches)
 ARCHITECTURES = {
@@ -313,7 +315,18 @@ def loaded_names(network: torch.nn.Module, held: dict) -> dict:
     return names
 
 
+def needs_transformers():
+    """The ``transformers`` module, or one sentence naming the extra that installs it."""
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError("Hugging Face models (\"hf:…\") need the transformers package, which is not installed: "
+                         "pip install 'attnviz[hf]'.") from None
+    return transformers
+
+
 def plan(spec: str) -> Plan:
+    transformers = needs_transformers()  # before anything else: the sentence, not a traceback, without the extra
     folder, origin, public_name = resolve(spec)
     config_path = folder / "config.json"
     if not os.path.lexists(config_path):
@@ -324,8 +337,6 @@ def plan(spec: str) -> Plan:
     check_settings(folder.name, vision)
     weights = weight_files(folder)
     held = weightfiles.tensors_of(weights)
-    import transformers
-
     cls = getattr(transformers, arch)
     try:
         config = cls.config_class.from_dict(vision)
@@ -351,9 +362,9 @@ def data_config(folder: Path, image_size: int) -> tuple[dict, str]:
     """
     path = folder / "preprocessor_config.json"
     if not os.path.lexists(path):
-        cfg = dict(input_size=(3, image_size, image_size), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+        cfg = dict(input_size=(3, image_size, image_size), mean=IMAGENET_MEAN, std=IMAGENET_STD,
                    interpolation="bicubic", crop_pct=1.0, crop_mode="center")
-        return cfg, "no preprocessor_config.json: ImageNet mean/std assumed"
+        return cfg, NO_PREPROCESSOR
     p = read_json(path)
     factor = p.get("rescale_factor", 1 / 255)
     if p.get("do_rescale", True) and (not _number(factor) or abs(factor - 1 / 255) > 1e-9):
@@ -422,8 +433,7 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
     """
     p = plan(spec)
     p.coverage().check(p.folder.name, p.arch)
-    import transformers
-
+    transformers = needs_transformers()
     try:
         network, info = getattr(transformers, p.arch).from_pretrained(
             p.folder, config=p.config, use_safetensors=True, local_files_only=True, attn_implementation="sdpa",
@@ -443,8 +453,13 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
     labels = None
     if "Classification" in p.arch:
         labels = tuple(str(config.id2label.get(i, f"class {i}")) for i in range(config.num_labels))
+    notes = ()
+    if note == NO_PREPROCESSOR:  # a guess the person looking at the photo should know about
+        notes = (f"{p.public_name} has no preprocessor_config.json, so attnviz normalises its photos with ImageNet's "
+                 f"mean {IMAGENET_MEAN} and standard deviation {IMAGENET_STD}; if it was trained with other values, "
+                 "its attention here is not what it computes on its own inputs.",)
     return dict(network=network, name=f"{PREFIX}{spec}", public_name=p.public_name,
-                provenance=f"{p.origin} ({p.arch}; {note})", size=size, data_config=cfg, labels=labels)
+                provenance=f"{p.origin} ({p.arch}; {note})", size=size, data_config=cfg, labels=labels, notes=notes)
 
 
 FAMILY = register(Family("Hugging Face", adapter, recognises=is_hf, prefix=PREFIX, load=load,
