@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-gpu bench wheel
+.PHONY: setup run test test-fast test-gpu bench wheel
 
 setup: $(STAMP)
 
@@ -29,8 +29,24 @@ run: setup
 	ATTNVIZ_CHECKPOINTS="$(CHECKPOINTS)" ATTNVIZ_ALLOW_DOWNLOADS="$(DOWNLOADS)" ATTNVIZ_MAX_PARAMS="$(MAX_PARAMS)" \
 	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/attnviz app  # warms the model, then serves the page
 
+# Two passes: the tests that are independent on two pytest-xdist workers (a file's tests on one worker, sharing its
+# module's fixtures), then alone the ones that must not share the cores: a wall-clock bound, a measurement of the
+# machine or of its threads (marked serial), and the browser and wheel tests (a server, Chromium or pip each).
+# Both passes always run; the exit status is the first failure's (5, "no tests", only if neither found one).
+WORKERS ?= 2
+define two_passes
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile -m "$(1)" $(3) $(PYTEST_ARGS); a=$$?; \
+	$(BIN)/python -m pytest -m "$(2)" $(3) $(PYTEST_ARGS); b=$$?; \
+	for s in $$a $$b; do [ $$s -eq 0 ] || [ $$s -eq 5 ] || exit $$s; done; [ $$a -eq 0 ] || [ $$b -eq 0 ] || exit 5
+endef
+
+# Everything (what .ci/run calls).
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(call two_passes,not serial and not browser,serial or browser,)
+
+# What you run while you work: the unit and AppTest tiers, without Chromium and the wheel (docs/tests.md).
+test-fast: setup
+	$(call two_passes,not serial and not browser,serial and not browser,--ignore=tests/test_wheel.py)
 
 # On a machine with a CUDA GPU: everything attnviz computes, on the GPU against the CPU (docs/tests.md#the-gpu).
 test-gpu: setup

@@ -63,7 +63,7 @@ BASE_CSS = """
 [data-testid="stImage"] img, [data-testid="stImageContainer"], [data-testid="stImageCaption"] {
   max-width: 100%; height: auto; }
 .katex-display { overflow-x: auto; overflow-y: hidden; }
-[data-testid="stVegaLiteChart"], [data-testid="stDataFrame"], .stKatex, [data-testid="stMarkdownContainer"] {
+[data-testid="stVegaLiteChart"], [data-testid="stDataFrame"], [data-testid="stMarkdownContainer"] {
   max-width: 100%; overflow-x: auto; }
 /* An SVG chart wider than its column (a small laptop's, the presenter view's) is scaled down whole: its viewBox keeps
    its shape, and Vega finds what a click hits by the element clicked, so clicks stay right. A canvas chart would
@@ -91,8 +91,7 @@ BASE_CSS = """
 }
 """
 PRESENT_CSS = """
-[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stHeader"],
-[data-testid="stToolbar"], [data-testid="stDecoration"], [data-testid="stExpandSidebarButton"] {
+[data-testid="stSidebar"], [data-testid="stHeader"], [data-testid="stToolbar"], [data-testid="stExpandSidebarButton"] {
   display: none !important; }
 .block-container { padding: 0.75rem 1.25rem 1rem 1.25rem !important; max-width: 100% !important; }
 [data-testid="stWidgetLabel"] p, [data-testid="stWidgetLabel"] label { font-size: 22px !important; }
@@ -134,17 +133,31 @@ BEHAVIOUR_JS = """
 </script>
 """
 
-# Once this run is over (Streamlit has then removed the previous view's pictures), every 100 ms for up to 20 s: the
-# function ``scroll`` until it returns true.
+# Once this run is over (Streamlit has then removed the previous view's pictures; its app element's
+# data-test-script-state says "notRunning"), every 100 ms for up to 20 s: the function ``scroll`` until it returns
+# true. ``window.__attnvizAfterRuns`` counts the scripts that have not yet tried once after their run: the browser
+# tests wait for it to be 0 (tests/serve.py: settle).
 AFTER_RUN_JS = """
 <script>
 (() => {
   const scroll = %(scroll)s;
   const started = Date.now();
+  let tried = false;
+  window.__attnvizAfterRuns = (window.__attnvizAfterRuns || 0) + 1;
+  const attempt = () => {
+    const state = document.querySelector("[data-test-script-state]")?.dataset.testScriptState;
+    if (Date.now() - started < 300 || state !== "notRunning") return false;
+    const scrolled = scroll();
+    if (!tried) window.__attnvizAfterRuns -= 1;
+    tried = true;
+    return scrolled;
+  };
   const timer = setInterval(() => {
-    if (Date.now() - started > 20000) return clearInterval(timer);
-    if (Date.now() - started < 300 || document.querySelector('[data-testid="stStatusWidget"]')) return;
-    if (scroll()) clearInterval(timer);
+    if (Date.now() - started > 20000) {
+      if (!tried) window.__attnvizAfterRuns -= 1;
+      return clearInterval(timer);
+    }
+    if (attempt()) clearInterval(timer);
   }, 100);
 })(/* %(token)s */);
 </script>

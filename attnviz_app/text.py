@@ -87,20 +87,25 @@ TOOLBAR = (("show_data", "Show data"), ("download_png", "Download as PNG"), ("do
            ("search", "Search"), ("columns", "Show/hide columns"))
 
 
+# Streamlit's own words, as regular expressions of whole text nodes and names: (key of ``streamlit.*``, pattern).
+# tests/test_streamlit_canary.py finds each in the Streamlit installed.
+STREAMLIT_WORDS = (
+    ("upload", "Upload"), ("per_file", r"(\d+(?:\.\d+)?)MB per file"), ("take_photo", "Take Photo"),
+    ("clear_photo", " ?Clear photo"), ("uploading", r"Uploading\.\.\."), ("drop_here", "Drag and drop a file here"),
+    ("camera_asks", r"This app would like to use your camera\."), ("camera_how", r"Learn how to allow access\."),
+    ("skip", "Skip to main content"), ("help_for", "Help for (.+)"), ("collapse_sidebar", "Collapse sidebar"),
+    ("expand_sidebar", "Expand sidebar"), ("app_pages", "App pages"), ("sidebar", "Sidebar"), ("open", "Open"),
+    ("heading_link", "Link to heading"), ("chart", "Vega visualization"), ("range_start", "(.+) — start"),
+    ("range_end", "(.+) — end"), ("decrement", "Decrement"), ("increment", "Increment"),
+    ("copy_code", "Copy to clipboard"), *TOOLBAR,
+)
+
+
 def widget_words() -> None:
     """Streamlit's English words in its uploader, its camera, its skip link and its toolbars' tooltips, and the names
     it gives its buttons for screen readers, in this session's language (``streamlit.*``; ``$1`` in a translation is
     what the pattern caught: a number, a caption, a label). A toolbar button of a named element is "Show data: <the
     element's name>" to a screen reader: ``streamlit.naming`` joins the two."""
-    rules = [(f"^{pattern}$", t(f"streamlit.{key}")) for key, pattern in (
-        ("upload", "Upload"), ("per_file", r"(\d+(?:\.\d+)?)MB per file"), ("take_photo", "Take Photo"),
-        ("clear_photo", " ?Clear photo"), ("uploading", r"Uploading\.\.\."), ("drop_here", "Drag and drop a file here"),
-        ("camera_asks", r"This app would like to use your camera\."), ("camera_how", r"Learn how to allow access\."),
-        ("skip", "Skip to main content"), ("help_for", "Help for (.+)"), ("collapse_sidebar", "Collapse sidebar"),
-        ("expand_sidebar", "Expand sidebar"), ("app_pages", "App pages"), ("sidebar", "Sidebar"), ("open", "Open"),
-        ("heading_link", "Link to heading"), ("chart", "Vega visualization"), ("range_start", "(.+) — start"),
-        ("range_end", "(.+) — end"), ("decrement", "Decrement"), ("increment", "Increment"),
-        ("copy_code", "Copy to clipboard"), *TOOLBAR,
-    )]
+    rules = [(f"^{pattern}$", t(f"streamlit.{key}")) for key, pattern in STREAMLIT_WORDS]
     rules += [(f"^{label}: (.+)$", t(f"streamlit.{key}") + t("streamlit.naming")) for key, label in TOOLBAR]
     st.html(WIDGET_WORDS_JS % {"rules": json.dumps(rules, ensure_ascii=False)}, unsafe_allow_javascript=True)

@@ -150,12 +150,23 @@ def shot(page, name: str) -> None:
         page.screenshot(path=SHOTS / f"{name}.png")
 
 
+SETTLED_JS = """(ms) => {
+  const state = document.querySelector("[data-test-script-state]")?.dataset.testScriptState;
+  const now = performance.now();
+  const busy = state !== "notRunning" || (window.__attnvizAfterRuns || 0) > 0 ||
+    ![...document.images].every(i => i.complete);
+  if (busy || window.__attnvizSettledFrom === undefined) window.__attnvizSettledFrom = now;
+  return now - window.__attnvizSettledFrom >= ms;
+}"""
+SETTLED_MS = 250  # a click's rerun has begun well within this on one machine (its message goes over localhost)
+
+
 def settle(page) -> None:
-    """Wait until the page's script run is over and its pictures are drawn."""
-    page.wait_for_timeout(300)
-    page.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=120_000)
-    page.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=60_000)
-    page.wait_for_timeout(700)  # the scroll to a new heatmap polls every 100 ms
+    """Wait until the page's script run is over (Streamlit's app element says "notRunning"), its pictures are
+    loaded and its after-run scripts (attnviz_app/classroom.py: AFTER_RUN_JS) have each had their first try, all
+    of which has stayed so for ``SETTLED_MS``: a run an action has just asked for may not have begun yet."""
+    page.evaluate("() => { delete window.__attnvizSettledFrom; }")
+    page.wait_for_function(SETTLED_JS, arg=SETTLED_MS, polling=50, timeout=120_000)
 
 
 QUIET_JS = """(ms) => {

@@ -1,6 +1,7 @@
 """The page through Streamlit's AppTest: samples, Layer and Head re-draw, no exception, no model re-run."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -26,15 +27,27 @@ def test_first_view_shows_the_heatmap_and_the_facts(app):
     assert any("no class predictions" in i.value for i in app.info)
 
 
-def test_layer_and_head_change_the_picture(app):
-    first = heatmap_url(app)
-    app.slider(key="layer").set_value(3).run()
-    after_layer = heatmap_url(app)
-    app.selectbox(key="head").set_value(2).run()
-    after_head = heatmap_url(app)
-    assert len({first, after_layer, after_head}) == 3
-    assert not app.exception
-    assert app.subheader[0].value == "Layer 3, head 2: where the class token looks"
+def test_layer_and_head_change_the_picture_to_the_librarys_map_of_that_layer_and_head(app, real_model, monkeypatch):
+    import attnviz
+    from attnviz import render
+
+    drawn = []  # the (h, w) maps the page lays over the photo
+    original = render.overlay
+    monkeypatch.setattr(render, "overlay", lambda view, grid_map, **kw: drawn.append(grid_map) or original(
+        view, grid_map, **kw))
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("cat"), real_model).image)
+    shown = {"first": heatmap_url(app)}  # layer 12, mean of all heads
+    for step, (layer, head) in {"layer": (3, "mean"), "head": (3, 2), "layer again": (12, 2)}.items():
+        drawn.clear()
+        app.slider(key="layer").set_value(layer)
+        app.selectbox(key="head").set_value(head)
+        app.run()
+        assert not app.exception
+        expected = cap.summary_map(layer - 1, head if head == "mean" else head - 1)
+        assert drawn and np.allclose(drawn[0], expected, atol=1e-6), (step, layer, head)
+        shown[step] = heatmap_url(app)
+    assert len(set(shown.values())) == 4  # and the browser is sent a new picture each time
+    assert app.subheader[0].value == "Layer 12, head 2: where the class token looks"
 
 
 def test_changing_the_view_does_not_run_the_model_again(app, monkeypatch):
@@ -43,10 +56,17 @@ def test_changing_the_view_does_not_run_the_model_again(app, monkeypatch):
     calls = []
     original = attnviz.capture
     monkeypatch.setattr(attnviz, "capture", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert app.subheader[0].value == "Layer 12, mean of all heads: where the class token looks"
     app.slider(key="layer").set_value(5).run()
     app.selectbox(key="head").set_value("max").run()
     app.slider(key="alpha").set_value(0.3).run()
-    assert calls == [] and not app.exception
+    app.selectbox(key="view").set_value("matrix").run()
+    assert not app.exception and app.selectbox(key="view").value == "matrix"
+    assert app.subheader[0].value.startswith("Layer 5, ") and "the full 197 × 197 attention matrix" in \
+        app.subheader[0].value  # the view changed, keeping the layer
+    app.selectbox(key="view").set_value("cls").run()
+    assert app.subheader[0].value.startswith("Layer 5, ") and "where the class token looks" in app.subheader[0].value
+    assert calls == [] and not app.exception  # one capture served every view
 
 
 def test_another_sample_and_chinese(app):

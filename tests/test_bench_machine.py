@@ -1,4 +1,5 @@
 """bench.machine: the line every benchmark prints about the computer it ran on."""
+import pytest
 import torch
 
 from bench import machine
@@ -22,6 +23,7 @@ def test_the_cpu_line_names_the_model_and_the_widest_vectors():
     assert (machine.cpu_model(""), machine.vector_width("")) == ("unknown CPU", "unknown vector instructions")
 
 
+@pytest.mark.serial  # measures the machine: runs alone (make test's serial pass)
 def test_the_matmul_rate_is_measured_on_one_core_and_leaves_the_thread_count_as_it_was():
     before = torch.get_num_threads()
     rate = machine.matmul_gflops(repeats=3)

@@ -13,6 +13,8 @@ import attnviz
 from make_corpus import photo, quadrants
 
 from conftest import ASSETS, Q, K
+
+pytestmark = pytest.mark.serial  # sixteen threads at once, on the real model: runs alone, after make test's parallel pass
 THREADS = 16
 
 

@@ -110,6 +110,7 @@ except IncompleteWeights as e:
 """
 
 
+@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
 def test_the_library_refuses_a_folder_whose_file_does_not_hold_its_config_before_allocating(tmp_path):
     folder = hf_folder(tmp_path / "big-vit", VIT_L)
     run = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(folder)], capture_output=True, text=True,
@@ -308,6 +309,7 @@ CONFIGS = {
 }
 
 
+@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
 @pytest.mark.parametrize("case", list(CONFIGS))
 def test_a_hostile_config_is_one_sentence_in_under_a_second(case, tmp_path):
     config, sentence = CONFIGS[case]

@@ -18,6 +18,8 @@ from attnviz.live import LiveProcessor, LiveSettings, heatmap_frame
 from attnviz.live_sharing import Priority, StreamSlots
 from conftest import ASSETS, tiny_vit, Q, K, SCALE
 
+pytestmark = pytest.mark.serial  # live frames against page work on the cores, timed: runs alone, after make test's parallel pass
+
 
 def camera_frame(seed: int, size=(160, 120)) -> Image.Image:
     """A 4:3 'camera frame' of random pixels, different for every seed."""

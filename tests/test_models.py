@@ -106,6 +106,7 @@ def test_hub_model_loads_from_local_cache_offline(tmp_path):
     assert got["name"] == "vit_small_patch14_dinov2.lvd142m"
 
 
+@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
 def test_uncached_hub_model_fails_fast_with_one_sentence(tmp_path):
     script = ("import time; import attnviz; t = time.time()\n"
               "try:\n    attnviz.load_model('deit_small_patch16_224.fb_in1k')\n"

@@ -118,6 +118,7 @@ def test_a_checkpoint_overwritten_at_the_same_path_gives_the_new_model(owner_fol
     assert heatmap_url(at) == first
 
 
+@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
 def test_a_giant_architecture_is_refused_in_under_a_second_with_no_memory_growth(owner_folder):
     # no head.weight in the file: what would be built is the backbone, 1,011 M (the 1000-class head is 1.4 M more)
     save_file({"w": torch.zeros(1)}, str(owner_folder / "vit_giant_patch14_224--big.safetensors"))

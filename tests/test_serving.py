@@ -134,6 +134,7 @@ for arch in ("vit_giant_patch14_224", "vit_7b_patch16_dinov3", "vit_huge_patch14
 """
 
 
+@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
 def test_giant_architectures_are_refused_in_under_a_second_with_no_memory_growth():
     run = subprocess.run([sys.executable, "-c", GIANT_SCRIPT.format()], capture_output=True,
                          text=True, timeout=120)

