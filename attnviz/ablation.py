@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 import attnviz.interventions as interventions
-from .capture import Capture
+from .capture import Capture, capture_tensor
 from .errors import FaithfulnessError
 from .faithfulness import Measure, follow, measure_of
 from .models import Model
-from .rollout import rollout_map
+from .rollout import rollout_map, rollout_refusal
+from .stages import mean_received
 from .stats import entropy as entropy_nats
 
 TOP_SHARE = 0.1  # "the object": the top 10 % of patches by rollout
@@ -64,11 +65,11 @@ class HeadAblation:
 
     @property
     def entropy_correlation(self) -> float:
-        return spearman(self.effect, self.entropy)
+        return _spearman_finite(self.effect, self.entropy)
 
     @property
     def share_correlation(self) -> float:
-        return spearman(self.effect, self.top_share)
+        return _spearman_finite(self.effect, self.top_share)
 
     def tendency(self, statistic: Literal["entropy", "share"]) -> Literal["more", "less", "little", "none"]:
         """What the rank correlation says of heads that attend narrowly (low entropy) or to the object (high
@@ -83,33 +84,61 @@ class HeadAblation:
         return "more" if toward > 0 else "less"
 
     def to_json(self) -> list[list[float]]:
-        """One list per layer (layer 1 first), one effect per head (head 1 first)."""
-        return self.effect.tolist()
+        """One list per layer (layer 1 first), one effect per head (head 1 first; a layer's own heads only)."""
+        return [[float(v) for v in row if np.isfinite(v)] for row in self.effect]
 
 
-def _check(model: Model) -> None:
-    reason = interventions.refusal(model)
-    if reason is not None:
-        raise FaithfulnessError(reason)
+def switch_refusal(model: Model) -> str | None:
+    """Why heads of ``model`` cannot be switched off (one sentence), or None: every layer's attention must join its
+    heads' outputs side by side in one linear output projection (the hook :meth:`attnviz.adapters.Tap.heads_off`
+    zeroes a head's slice there)."""
+    if interventions.refusal(model) is None or len(model.tap.switched) == model.depth:
+        return None
+    return (f"{model.public_name} ({model.adapter.family}) does not join its heads' outputs in one linear output "
+            "projection at every layer, so attnviz cannot switch one head off there.")
+
+
+def _spearman_finite(a: np.ndarray, b: np.ndarray) -> float:
+    """:func:`spearman` over the heads both arrays have (a layer with fewer heads: NaN in the others)."""
+    kept = np.isfinite(a) & np.isfinite(b)
+    return spearman(a[kept], b[kept])
+
+
+def _on_grid(maps: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(H, h, w) maps → (H, gh · gw) on the finer ``grid``: each cell the value of the map's cell over it."""
+    rows = torch.arange(grid[0]) * maps.shape[1] // grid[0]
+    cols = torch.arange(grid[1]) * maps.shape[2] // grid[1]
+    return maps[:, rows[:, None], cols[None, :]].reshape(maps.shape[0], -1)
 
 
 def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
     """(L, H) entropy in nats (as in the statistics view) of each head's class-token row over the patches
     (renormalised), and (L, H) share of that row on the rollout's top 10 % patches. Without a class token:
-    the mean attention each patch receives, per head."""
-    p = cap.num_prefix_tokens
-    rolled = rollout_map(cap).ravel()
-    top = np.argsort(-rolled, kind="stable")[: max(1, int(round(TOP_SHARE * rolled.size)))]
-    entropy = np.empty((cap.num_layers, cap.num_heads))
-    share = np.empty_like(entropy)
+    the mean attention each patch receives, per head. A model with stages: each layer's maps at its own grid, the
+    share measured on the photo's patches (a coarser cell's weight spread over the patches under it); a layer with
+    fewer heads than the most any layer has: NaN in the others."""
+    grid = cap.grid  # the photo's patches: the first layer's grid
+    if rollout_refusal(cap) is None:
+        rolled = rollout_map(cap)
+    else:  # no token set to roll out over at the last layers (pooled keys): the last layer's own map
+        rolled = cap.summary_map(cap.num_layers - 1, "mean")
+    rolled = _on_grid(torch.from_numpy(np.ascontiguousarray(rolled))[None].double(), grid)[0]
+    top = np.argsort(-rolled.numpy(), kind="stable")[: max(1, int(round(TOP_SHARE * rolled.numel())))]
+    entropy = np.full((cap.num_layers, cap.num_heads), np.nan)
+    share = np.full_like(entropy, np.nan)
     for layer in range(cap.num_layers):
-        if cap.has_class_token:
-            rows = cap.layer_rows(layer, 0)[:, p:].double()  # (H, P)
-        else:
-            rows = cap.layer_weights(layer)[:, p:, p:].double().mean(1)  # (H, P): mean received
+        lay = cap.layout(layer)
+        if cap.summary_kind(layer) == "cls":
+            rows = cap.layer_rows(layer, 0)[:, lay.num_key_prefix:].double()  # (H, P)
+        else:  # the mean attention each patch receives from the patch queries of its window
+            weights = cap.window_weights(layer).transpose(0, 1)  # (H, W, Tq, Tk)
+            rows = torch.stack([torch.from_numpy(mean_received(lay, weights[h])).reshape(-1)
+                                for h in range(lay.num_heads)]).double()
         rows = (rows / rows.sum(-1, keepdim=True)).cpu()
-        entropy[layer] = entropy_nats(rows).numpy()
-        share[layer] = rows[:, top].sum(-1).numpy()
+        heads = rows.shape[0]
+        entropy[layer, :heads] = entropy_nats(rows).numpy()
+        fine = _on_grid(rows.reshape(heads, *lay.keys_grid), grid)
+        share[layer, :heads] = (fine[:, top].sum(-1) / fine.sum(-1)).numpy()
     return entropy, share
 
 
@@ -117,7 +146,8 @@ def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
 def head_ablation(model: Model, cap: Capture, progress: Callable[[float], None] | None = None) -> HeadAblation:
     """Switch off each of the L × H heads alone on ``cap``'s photo; ``progress(fraction)`` after each layer
     (raising from it stops the run)."""
-    _check(model)
+    if interventions.refusal(model) is not None:  # not a plain timm ViT: one forward pass per head switched off
+        return _switched_ablation(model, cap, progress)
     network = model.network
     depth, heads = len(network.blocks), network.blocks[0].attn.num_heads
     stream = interventions.embed(network, cap.input)  # (1, N, D)
@@ -176,8 +206,20 @@ def _heads_on(network, off: Iterable[tuple[int, int]]) -> list[torch.Tensor]:
 def ablated_capture(model: Model, cap: Capture, off: Iterable[tuple[int, int]]) -> Capture:
     """``cap``'s photo re-run with the heads ``off`` ((layer, head), 0-based) switched off together: a
     Capture of the ablated network (its q, k, output and token norms), so every map can be redrawn."""
-    _check(model)
-    network, off = model.network, tuple(off)
+    off = tuple(off)
+    if interventions.refusal(model) is not None:  # any other model: its own capture, with the heads switched off
+        if (why := switch_refusal(model)) is not None:
+            raise FaithfulnessError(why)
+        for layer, head in off:
+            if not (0 <= layer < cap.num_layers and 0 <= head < cap.heads(layer)):
+                raise IndexError(f"head ({layer}, {head}) is not one of this model's heads (0-based)")
+        chosen: dict[int, list[int]] = {}
+        for layer, head in off:
+            chosen.setdefault(layer, []).append(head)
+        with model.tap.heads_off(chosen):
+            ablated = capture_tensor(model, cap.input)
+        return replace(ablated, prepared=cap.prepared)
+    network = model.network
     on = _heads_on(network, off)
     x = interventions.embed(network, cap.input)  # (1, N, D)
     record: list = []
@@ -190,6 +232,34 @@ def ablated_capture(model: Model, cap: Capture, off: Iterable[tuple[int, int]]) 
     return replace(cap, query=tuple(q[0, :, None].to(dtype) for q, _ in record),  # (H, 1, N, d_k) per layer
                    key=tuple(k[0, :, None].to(dtype) for _, k in record), output=output,
                    token_norms=tuple(n.to(dtype) for n in norms))
+
+
+@torch.inference_mode()
+def _switched_ablation(model: Model, cap: Capture, progress: Callable[[float], None] | None) -> HeadAblation:
+    """:func:`head_ablation` for any model whose heads :meth:`attnviz.adapters.Tap.heads_off` can switch off: each
+    head of each layer off alone, a whole forward pass each (Σ_l H_l passes)."""
+    if (why := switch_refusal(model)) is not None:
+        raise FaithfulnessError(why)
+    network, x = model.network, cap.input
+    base = model.adapter.forward(network, x)
+    measure = measure_of(model)
+    target = int(base.argmax()) if measure == "probability" else None
+    effect = np.full((cap.num_layers, cap.num_heads), np.nan)
+    p0 = float(follow(base[None].float(), base.float(), measure, target)[0]) if measure == "probability" else None
+    for layer in range(cap.num_layers):
+        outputs = []
+        for head in range(cap.heads(layer)):
+            with model.tap.heads_off({layer: (head,)}):
+                outputs.append(model.adapter.forward(network, x))
+        kept = follow(torch.stack(outputs).float(), base.float(), measure, target)  # (H_l,)
+        effect[layer, :len(kept)] = p0 - kept if measure == "probability" else 1.0 - kept
+        if progress is not None:
+            progress((layer + 1) / cap.num_layers)
+    entropy, share = head_statistics(cap)
+    return HeadAblation(
+        measure=measure, effect=effect, entropy=entropy, top_share=share, target=target,
+        target_label=None if target is None else model.labels[target], base_probability=p0,
+    )
 
 
 def ablated_outputs(model: Model, cap: Capture, off: Iterable[tuple[int, int]]) -> torch.Tensor:

@@ -393,11 +393,29 @@ class Capture:
         keys = list(dict.fromkeys(lay.keys.reshape(-1).tolist()))  # a key shared by windows: where first seen
         return lay.windows.reshape(-1), torch.tensor(keys, dtype=torch.long)
 
-    def ordered_weights(self, layer: int, head: Head) -> np.ndarray:
-        """(Tq · W, keys): :meth:`weights` of the tokens that are queries at ``layer``, rows and columns in
-        :meth:`window_order`."""
-        rows, cols = self.window_order(layer)
-        return fuse_heads(self.layer_weights(layer)[:, rows][:, :, cols], head).cpu().numpy()
+    def ordered_weights(self, layer: int, head: Head, windows: int | None = None) -> np.ndarray:
+        """(Tq · W', keys of those windows) float32: the weights of the first ``windows`` windows (every window by
+        default), rows and columns in :meth:`window_order`: block-diagonal where the layer has windows. Built from
+        the windows' own blocks, never from the whole-image matrix (a Swin's at 448 px is 3 × 12544²)."""
+        lay = self.layout(layer)
+        count = lay.num_windows if windows is None else max(1, min(int(windows), lay.num_windows))
+        blocks = fuse_heads(self.window_weights(layer).transpose(0, 1)[:, :count], head).cpu().numpy()  # (W', Tq, Tk)
+        keys = lay.keys[:count].cpu().numpy()  # (W', Tk)
+        order = list(dict.fromkeys(keys.reshape(-1).tolist()))  # a key shared by windows: where first seen
+        column = {k: i for i, k in enumerate(order)}
+        tq = blocks.shape[1]
+        out = np.zeros((count * tq, len(order)), np.float32)
+        for w in range(count):
+            out[w * tq:(w + 1) * tq, [column[k] for k in keys[w].tolist()]] = blocks[w]
+        return out
+
+    def windows_that_fit(self, layer: int, cells: int) -> int:
+        """How many of layer ``layer``'s windows :meth:`ordered_weights` can hold in at most ``cells`` numbers."""
+        lay = self.layout(layer)
+        tq, tk = lay.windows.shape[1], lay.keys.shape[1]
+        if lay.num_windows == 1 or lay.num_windows * tq * lay.num_keys <= cells:
+            return lay.num_windows
+        return max(1, min(lay.num_windows, int((cells / (tq * tk)) ** 0.5)))  # block-diagonal: W'·Tq × W'·Tk
 
     def window_mask(self, layer: int, token: int) -> np.ndarray:
         """(h, w) bool at the keys' grid: the patches query ``token`` attends within at ``layer`` (after the shift)."""

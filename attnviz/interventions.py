@@ -29,20 +29,20 @@ from .models import Model
 
 
 def refusal(model: Model) -> str | None:
-    """Why this model cannot be run in pieces (one sentence), or None when it can."""
+    """Why this model cannot be run in pieces (one sentence), or None when it can: what token removal needs. (Head
+    ablation does not: any model whose heads meet in one output projection switches them off there,
+    :func:`attnviz.ablation.switch_refusal`.)"""
     network = model.network
     if not isinstance(network, VisionTransformer):
         return (f"{model.public_name} is a {model.adapter.family} model, whose blocks attnviz does not yet run one at "
-                "a time, so token removal and head ablation are not available for it (the mean-colour and blur fills "
-                "are).")
+                "a time, so token removal is not available for it (the mean-colour and blur fills are).")
     for block in network.blocks:
         if type(block).forward is not Block.forward or type(block.attn).forward is not Attention.forward:
             return (f"{model.public_name}'s {type(block.attn).__name__} ties each attention logit to a token's place "
-                    "in the full grid, so token removal and head ablation are not available for it "
-                    "(the mean-colour and blur fills are).")
+                    "in the full grid, so token removal is not available for it (the mean-colour and blur fills are).")
     if getattr(network, "attn_pool", None) is not None:
-        return (f"{model.public_name} reads its output through an attention-pooling head, so token removal and head "
-                "ablation are not available for it (the mean-colour and blur fills are).")
+        return (f"{model.public_name} reads its output through an attention-pooling head, so token removal is not "
+                "available for it (the mean-colour and blur fills are).")
     return None
 
 

@@ -112,7 +112,7 @@ def rollout_row(
     return row
 
 
-MAX_ROLLOUT_BYTES = 2**30  # the (H, N, N) weights of one layer: a Swin's 448 px first stage is 1.9 GB
+MAX_ROLLOUT_BYTES = 2**28  # the (H, N, N) weights of one layer (a page run holds a few): a Swin's 448 px first stage is 1.9 GB
 
 
 def rollout_layers(cap: Capture) -> tuple[int, int]:

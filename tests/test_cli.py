@@ -11,7 +11,7 @@ from PIL import Image
 import attnviz
 from attnviz import cli
 from attnviz.cli import safe_stem
-from conftest import ASSETS, ROOT
+from conftest import ASSETS, ROOT, Q
 
 
 def test_export_writes_exact_arrays_and_reports_bad_files(tmp_path, real_model):
@@ -65,7 +65,7 @@ def test_two_inputs_with_the_same_name_from_different_folders_get_distinct_files
     assert exporting.read_meta(out / "a_x.npz")["source"]["file"] == "a/x.jpg"
     assert exporting.read_meta(out / "b_x.npz")["source"]["file"] == "b/x.jpg"
     red = attnviz.capture(model, Image.open(tmp_path / "a" / "x.jpg"))
-    assert np.allclose(attnviz.load_capture(out / "a_x.npz").query.numpy(), red.query.numpy(), atol=1e-6)
+    assert np.allclose(Q(attnviz.load_capture(out / "a_x.npz")).numpy(), Q(red).numpy(), atol=1e-6)
     assert cli.plan(["x.jpg", "x.png", "c/y.jpg"]) == [("x.jpg", "x"), ("x.png", "x_"), ("c/y.jpg", "y")]
 
 

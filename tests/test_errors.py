@@ -77,7 +77,7 @@ def test_a_batch_is_refused_not_cut_to_its_first_image(tiny):
 def test_not_a_vit_is_refused_at_wrap():
     import torchvision
 
-    with pytest.raises(ModelError, match=r"ResNet is not a Vision Transformer attnviz can read \(it has no patch embedding"):
+    with pytest.raises(ModelError, match=r"torchvision.s ResNet \(not timm.s\) is not a Vision Transformer attnviz can read \(it has no patch embedding"):
         attnviz.wrap(torchvision.models.resnet18(), "resnet", "random", 224)
     with pytest.raises(ModelError, match="wrap.. needs a torch.nn.Module"):
         attnviz.wrap("vit_small_patch16_224", "x", "y", 224)

@@ -538,7 +538,7 @@ def test_a_photo_for_a_half_precision_model_is_prepared_in_its_dtype_and_bfloat1
     half = tiny_vit()
     half.network.half()
     cap = attnviz.capture(half, photo)  # before: "pass x.to(torch.float16)", though the caller passed a photo
-    assert cap.query.dtype == torch.float16 and cap.cls_map(1, "mean").shape == (4, 4)
+    assert cap.query[0].dtype == torch.float16 and cap.cls_map(1, "mean").shape == (4, 4)
     brain = tiny_vit()
     brain.network.to(torch.bfloat16)
     with pytest.raises(ModelError) as error:

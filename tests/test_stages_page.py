@@ -42,6 +42,7 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     at.run()
     at.selectbox(key="model_choice").set_value(CHOICE).run()
     assert not at.exception and not at.error, [e.value for e in at.error]
+    at.selectbox(key="view").set_value("stages").run()  # one View box for every model: the stages are one view
     stage = at.selectbox(key="stage")
     assert len(stage.options) == 4 and stage.value == 3
     assert at.selectbox(key="stage_block_3").value == 1  # the last block of stage 4
@@ -61,7 +62,6 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
     assert "averaged over the 49 patches of its window" in captions
     buttons = {b.label for b in at.get("download_button")}  # every (stage, block) to take away
     assert {"Download interactive page (HTML)", "Download the layer sweep (GIF)"} <= buttons, buttons
-    assert "attention cannot be multiplied through the layers" in captions
     at.radio(key="stage_show").set_value("matrix").run()  # block-diagonal in window order
     assert not at.exception and not at.error
     assert "the attention matrix, tokens in window order" in " ".join(h.value for h in at.subheader)
@@ -88,8 +88,9 @@ def test_a_swin_checkpoint_shows_stages_blocks_and_windows_in_both_languages(own
 
 
 def test_a_link_opens_a_swin_in_the_presenter_view_with_its_join_box_naming_it(owner, monkeypatch):
-    """The Swin page has no View, Layer or Head of the Explore page's: its link names the model, the photo and the
-    language, so a student's phone opens the Swin the projector shows (the link without ``model`` opened the ViT)."""
+    """One View box for every model: a link's view, layer and query open on a Swin as on a ViT (layer 3 is stage 2,
+    block 1, and the caption under Layer says so), and its join box names all of it; a link to the stages view
+    names its own Stage and Block instead of the page's Layer and Head."""
     from attnviz_app import classroom
 
     encoded = []
@@ -101,22 +102,35 @@ def test_a_link_opens_a_swin_in_the_presenter_view_with_its_join_box_naming_it(o
                             "lang": "zh-TW"})
     at.run()  # one run: AppTest cannot run a Chinese page's select boxes again
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert at.selectbox(key="model_choice").value == CHOICE
-    assert at.selectbox(key="stage").label == "階段"  # the Swin page, in the language the link named
+    assert at.selectbox(key="model_choice").value == CHOICE and at.selectbox(key="view").value == "query"
+    assert at.slider(key="layer").value == 3
+    captions = " ".join(c.value for c in at.caption)
+    assert "這一層是第 2 階段的第 1 個區塊：28 × 28 的 token 網格，在 16 個 7 × 7 的視窗內各自計算注意力。" in captions
+    assert "白線框（查詢所在的視窗）之外的權重恰為 0" in captions  # the softmax runs inside the query's window
+    assert any("`http://attnviz.school`" in m.value for m in at.markdown)  # the join box, as on a ViT
+    said = {"view": "query", "layer": "3", "head": "mean", "query": "r15c15", "photo": "rocket", "model": CHOICE,
+            "lang": "zh-TW"}
+    assert at.query_params == {**said, "present": "1"}  # the middle of stage 2's 28 × 28 grid
+    assert encoded[-1] == "http://attnviz.school/?" + "&".join(f"{k}={quote(v)}" for k, v in said.items())
+
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"present": "1", "view": "stages", "photo": "rocket", "model": CHOICE, "lang": "zh-TW"})
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="stage").label == "階段"  # the stages view, in the language the link named
     # what the stages are sits one click away, leaving the projector's height to the picture
     about = [e for e in at.expander if e.label == "這個模型的階段與視窗"]
     assert about and "有 4 個階段" in " ".join(i.value for i in about[0].info)
-    assert any("`http://attnviz.school`" in m.value for m in at.markdown)  # the join box, as on a ViT
-    assert at.query_params == {"present": "1", "photo": "rocket", "model": CHOICE, "lang": "zh-TW"}
-    assert encoded[-1] == f"http://attnviz.school/?photo=rocket&model={quote(CHOICE)}&lang=zh-TW"
+    assert at.query_params == {"view": "stages", "photo": "rocket", "model": CHOICE, "lang": "zh-TW", "present": "1"}
+    assert encoded[-1] == f"http://attnviz.school/?view=stages&photo=rocket&model={quote(CHOICE)}&lang=zh-TW"
 
 
 def test_a_swin_link_opens_the_stage_block_head_and_query_patch_it_names(owner):
     """/?stage=2&block=1&head=3&show=query&query=r5c6: the Swin picture on the projector, not the last stage's
     summary; a value the model lacks (a fifth stage, a third block) is left out."""
     at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params.update({"model": CHOICE, "stage": "2", "block": "1", "head": "3", "show": "query",
-                            "query": "r5c6", "cmap": "viridis", "photo": "coffee"})
+    at.query_params.update({"view": "stages", "model": CHOICE, "stage": "2", "block": "1", "head": "3",
+                            "show": "query", "query": "r5c6", "cmap": "viridis", "photo": "coffee"})
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert at.selectbox(key="stage").value == 1 and at.selectbox(key="stage_block_1").value == 0
@@ -124,17 +138,17 @@ def test_a_swin_link_opens_the_stage_block_head_and_query_patch_it_names(owner):
     assert at.selectbox(key="cmap").value == "viridis"
     titles = " ".join(h.value for h in at.subheader)
     assert "row 5, column 6" in titles and "Stage 2, block 1, head 3" in titles, titles
-    assert at.query_params == {"head": "3", "query": "r5c6", "cmap": "viridis", "stage": "2", "block": "1",
-                               "show": "query", "photo": "coffee", "model": CHOICE, "lang": "en"}
+    assert at.query_params == {"view": "stages", "head": "3", "query": "r5c6", "cmap": "viridis", "stage": "2",
+                               "block": "1", "show": "query", "photo": "coffee", "model": CHOICE, "lang": "en"}
     at.radio(key="stage_show").set_value("summary").run()  # the address follows the page
     assert "show" not in at.query_params and "query" not in at.query_params and at.query_params["stage"] == "2"
 
     at = AppTest.from_file(APP, default_timeout=300)
     at.query_params.update({"model": CHOICE, "stage": "5", "block": "3", "head": "99", "show": "all"})
-    at.run()
+    at.run()  # no view named: a model with stages opens on its stages
     assert not at.exception and at.selectbox(key="stage").value == 3 and at.selectbox(key="stage_block_3").value == 1
     assert at.selectbox(key="stage_head").value == "mean" and at.radio(key="stage_show").value == "summary"
-    assert at.query_params == {"photo": "cat", "model": CHOICE, "lang": "en"}
+    assert at.query_params == {"view": "stages", "photo": "cat", "model": CHOICE, "lang": "en"}
 
 
 def test_the_page_numbers_are_the_library_numbers(owner):
@@ -143,6 +157,7 @@ def test_the_page_numbers_are_the_library_numbers(owner):
     at.session_state["lang"] = "en"
     at.run()
     at.selectbox(key="model_choice").set_value(CHOICE).run()
+    at.selectbox(key="view").set_value("stages").run()
     at.selectbox(key="stage").set_value(1).run()
     at.selectbox(key="stage_block_1").set_value(1).run()
     at.session_state["stage_query"] = (3, 5)

@@ -141,7 +141,8 @@ def test_a_rope_model_gets_the_pixel_fills_and_one_sentence():
     assert not at.exception, [e.value for e in at.exception]
     assert at.radio(key="faith_fill").options == ["mean-colour fill", "blur fill"]
     said = [c.value for c in at.caption] + [i.value for i in at.info]
-    assert sum("token removal and head ablation are not available" in s for s in said) == 2  # both views say so
+    assert sum("token removal is not available" in s for s in said) == 1  # the curves say so once
+    assert any(b.key == "ablation_run" for b in at.button)  # its heads are switched off at the output projection
 
 
 def no_class_token_page():

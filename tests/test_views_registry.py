@@ -35,8 +35,8 @@ def toy_views(monkeypatch):
 
 
 def test_every_built_in_view_is_found_in_order():
-    assert list(views.registered()) == ["cls", "query", "matrix", "heads", "rollout", "mask", "stats", "relevance",
-                                        "norms", "qkmap", "faithfulness", "ablation", "neuron"]
+    assert list(views.registered()) == ["cls", "query", "matrix", "heads", "stages", "rollout", "mask", "stats",
+                                        "relevance", "norms", "qkmap", "faithfulness", "ablation", "neuron"]
     assert all(view.show.__module__ == f"attnviz_app.views.{name}" for name, view in views.registered().items())
 
 

@@ -177,5 +177,9 @@ def tap_of(network: torch.nn.Module, adapter: Adapter) -> Tap:
     for layer in range(adapter.depth):
         adapter.attach(layer, tap)
         tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.tokens_reader(layer))
+        heads = adapter.layouts[layer].num_heads if adapter.layouts is not None else adapter.num_heads
+        projection = getattr(adapter.attentions[layer], "proj", None)  # the heads' outputs side by side go in
+        if isinstance(projection, torch.nn.Linear) and projection.in_features % heads == 0:
+            tap.switch(projection, layer, heads)
     network._attnviz_tap = tap  # travels with the network: deepcopy and pickle copy it with the hooks
     return tap

@@ -8,7 +8,7 @@ by every browser session, so a hook writes only into the capture running on its 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -86,7 +86,25 @@ class Tap:
     def __init__(self, modules: tuple[torch.nn.Module, ...]) -> None:
         self.modules = modules  # what the hooks were installed for: attentions, then blocks
         self.handles: list = []
+        self.switched: dict[int, int] = {}  # layer → its head count, where heads_off can switch its heads off
         self._local = threading.local()
+
+    def switch(self, projection: torch.nn.Linear, layer: int, heads: int) -> None:
+        """Let :meth:`heads_off` switch heads of layer ``layer`` off: ``projection`` is its attention's output
+        projection, whose input is the ``heads`` heads' outputs side by side (head h: channels h·d … (h + 1)·d − 1)."""
+        self.switched[layer] = heads
+        self.handles.append(projection.register_forward_pre_hook(partial(self._switch, layer, heads)))
+
+    @contextmanager
+    def heads_off(self, off: dict[int, Iterable[int]]) -> Iterator[None]:
+        """Inside the block, this thread's forward passes run with the heads ``off`` ({layer: heads}, 0-based)
+        switched off: their slice of the attention output is zero before the output projection (Michel et al.
+        2019). Other threads' passes are unchanged."""
+        self._local.off = {layer: tuple(heads) for layer, heads in off.items()}
+        try:
+            yield
+        finally:
+            self._local.off = None
 
     def after(self, module: torch.nn.Module, layer: int, put: Put, read: Callable = first) -> None:
         """Once ``module`` has run: ``put(recorder, layer, read(output))``."""
@@ -126,6 +144,17 @@ class Tap:
         if recorder is not None:
             put(recorder, layer, read(args, kwargs))
         # returns None: the module runs on its arguments unchanged
+
+    def _switch(self, layer: int, heads: int, _module, args):
+        off = getattr(self._local, "off", None)
+        if not off or layer not in off:
+            return None  # the projection runs on its input unchanged
+        x = args[0]
+        d = x.shape[-1] // heads
+        x = x.clone()
+        for head in off[layer]:
+            x[..., head * d:(head + 1) * d] = 0.0
+        return (x, *args[1:])
 
     # A copy (deepcopy, pickle) starts with no capture running on any thread.
     def __getstate__(self) -> dict:

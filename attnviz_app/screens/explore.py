@@ -18,6 +18,21 @@ def step(key: str, options: list, by: int, default) -> None:
     st.session_state[key] = options[(options.index(now) + by) % len(options)] if now in options else default
 
 
+def _keep_head(heads_at) -> None:
+    """Layer callback: a head the new layer lacks (a Swin's stage 1 has 3, its stage 4 has 24) becomes the mean."""
+    head = st.session_state.get("head", "mean")
+    if not isinstance(head, str) and head > heads_at(st.session_state["layer"] - 1):
+        st.session_state["head"] = "mean"
+
+
+def place(cap, layer: int) -> str:
+    """Where layer ``layer`` (0-based) is in a model with stages: its stage, block, grid and windows."""
+    lay = cap.layout(layer)
+    windows = (t("view.place_windows", n=lay.num_windows, wh=lay.window[0], ww=lay.window[1]) if lay.num_windows > 1
+               else t("view.place_global"))
+    return t("view.place", stage=lay.stage + 1, block=lay.block + 1, h=lay.grid[0], w=lay.grid[1], windows=windows)
+
+
 def page() -> None:
     """The page, in a function: what one run makes (the capture, the photo, the model's view) are its locals and
     go when it returns. As the script's globals they stayed alive with the session, through every function the
@@ -56,32 +71,15 @@ def page() -> None:
         panel, result = st.container(), st.container()
 
     photo = links.sample_shown()
-    if not cap.uniform:  # layers that differ (Swin's stages and windows): Stage and Block, each layer's own grid
-        from attnviz_app.views import stages
-
-        with result, st.container(key="result"):
-            shown = stages.show(views.Context(  # Layer and Head left as they are: the Stage view has its own per stage
-                model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=cap.num_layers - 1,
-                head="mean",
-                alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit, cap_key=cap_key, present=present,
-                narrow=classroom.narrow(), recall=recall,
-            ), panel=panel if present else None)
-        classroom.bring_into_view(f"{cap_key[1]}:stages:{present}")  # a phone scrolls to the picture, as on a ViT
-        linked = links.choices(
-            photo, st.session_state["lang"], head=shown.pop("head", None), query=shown.pop("query", None),
-            **settings.linked, controls=links.controls(st.session_state, None, views.ALL) | shown)
-        links.publish(linked)
-        if present:
-            with panel:
-                classroom.join_box(linked)
-        st.stop()
-
-    heads = [*HEAD_FUSIONS, *range(1, cap.num_heads + 1)]
-    if st.session_state.get("layer", 0) > cap.num_layers or st.session_state.get("head", "mean") not in heads:
-        # a kept choice from a bigger model: start this one at its last layer, mean of heads
+    if "view" not in st.session_state and len(cap.stages) > 1:  # a model with stages opens on what its stages are
+        st.session_state["view"] = "stages"
+    kept = st.session_state.get("layer", cap.num_layers)
+    if not 1 <= kept <= cap.num_layers:  # a kept choice from a deeper model: start this one at its last layer
         st.session_state.pop("layer", None)
+        kept = cap.num_layers
+    heads = [*HEAD_FUSIONS, *range(1, cap.heads(kept - 1) + 1)]  # the layer's own heads (a Swin's grow by stage)
+    if st.session_state.get("head", "mean") not in heads:  # a kept head this layer lacks: the mean of its heads
         st.session_state.pop("head", None)
-
 
     with panel, st.container(key="controls"):
         if present:
@@ -90,7 +88,10 @@ def page() -> None:
             layer_col, head_col, view_col = st.columns([3, 2, 2])
         if views.LAYER in used:
             ui.first_value("layer", cap.num_layers)
-            layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, key="layer")
+            layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, key="layer",
+                                     on_change=_keep_head, args=(cap.heads,))
+            if len(cap.stages) > 1:  # where the layer is: its stage and block, and the grid it attends on
+                layer_col.caption(place(cap, layer - 1))
         else:
             layer = st.session_state.get("layer", cap.num_layers)
         if views.HEAD in used:
@@ -122,15 +123,27 @@ def page() -> None:
     ctx = views.Context(
         model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
         head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,
-        cap_key=cap_key, present=present, narrow=classroom.narrow(), recall=recall,
+        cap_key=cap_key, present=present, narrow=classroom.narrow(), recall=recall, panel=panel if present else None,
     )
     with result, st.container(key="result"):
-        VIEWS[chosen].show(ctx)
+        refusal = VIEWS[chosen].refusal(ctx)
+        if refusal is not None:  # what this model's layer lacks for the view, in one sentence
+            st.info(refusal)
+            shown = None
+        else:
+            shown = VIEWS[chosen].show(ctx)  # a view with its own Stage, Block and Head returns their words
     # after the view, which drops a linked value this capture does not offer (Linked.prepare)
-    linked = links.choices(photo, st.session_state["lang"], chosen, layer, head,
-                           query=link_name(cap) if VIEWS[chosen].reads_query else None, **settings.linked,
-                           controls=links.controls(st.session_state, ctx, VIEWS[chosen].used(st.session_state),
-                                                   VIEWS[chosen].linked))
+    own = VIEWS[chosen].used(st.session_state)
+    controls = links.controls(st.session_state, ctx, own, VIEWS[chosen].linked)
+    if shown is not None:  # its own boxes name what it shows: not the page's Layer and Head
+        controls |= shown
+        layer_word, head_word, query = None, shown.pop("head", None), shown.pop("query", None)
+        controls.pop("head", None), controls.pop("query", None)
+    else:
+        layer_word, head_word = layer, head
+        query = link_name(cap, layer - 1) if VIEWS[chosen].reads_query and refusal is None else None
+    linked = links.choices(photo, st.session_state["lang"], chosen, layer_word, head_word, query=query,
+                           **settings.linked, controls=controls)
     links.publish(linked)
     classroom.bring_into_view(f"{cap_key[1]}:{chosen}:{present}")
 

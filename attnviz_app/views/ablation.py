@@ -46,7 +46,8 @@ def _clicked() -> None:
 def grid_chart(values: np.ndarray, title: str, off: set[str], clickable: bool, scheme: str) -> alt.Chart:
     layers, heads = values.shape
     cells = pd.DataFrame([{"layer": l + 1, "head": h + 1, "value": float(values[l, h]),
-                           "off": head_key(l, h) in off} for l in range(layers) for h in range(heads)])
+                           "off": head_key(l, h) in off} for l in range(layers) for h in range(heads)
+                          if np.isfinite(values[l, h])])  # a layer's own heads (a Swin's grow stage by stage)
     tooltip = [alt.Tooltip("layer:O", title=t("ablation_page.layer")), alt.Tooltip("head:O", title=t("ablation_page.head")),
                alt.Tooltip("value:Q", format=".4f", title=title)]
     chart = alt.Chart(cells).mark_rect(stroke="white").encode(
@@ -69,7 +70,8 @@ def measured_grid(ctx: Context) -> ablation.HeadAblation | None:
     args = ()
     slot = st.empty()
     if not heavy.cached(KIND, key, args):
-        passes = cap.num_heads * (cap.num_layers + 1) / 2
+        passes = (cap.num_heads * (cap.num_layers + 1) / 2 if interventions.refusal(model) is None
+                  else sum(cap.heads(layer) for layer in range(cap.num_layers)))  # a pass per head switched off
         if not slot.button(t("ablation_page.run"), key="ablation_run", type="primary") and \
                 st.session_state.get("ablation_asked") != key:
             st.caption(t("ablation_page.press", passes=passes))
@@ -99,12 +101,9 @@ def correlation_sentence(result: ablation.HeadAblation, statistic: str) -> str:
 
 def show(ctx: Context) -> None:
     model, cap = ctx.model, ctx.cap
-    reason = interventions.refusal(model)
-    if reason is not None:
-        st.info(reason)
-        return
     st.markdown(t("ablation_page.explain"))
-    off_keys = [k for k in st.session_state.get(OFF, []) if parse(k)[0] < cap.num_layers and parse(k)[1] < cap.num_heads]
+    off_keys = [k for k in st.session_state.get(OFF, [])
+                if parse(k)[0] < cap.num_layers and parse(k)[1] < cap.heads(parse(k)[0])]
     result = measured_grid(ctx)
     if result is not None:
         if result.measure == "probability":
@@ -112,7 +111,7 @@ def show(ctx: Context) -> None:
         else:
             effect_title = t("ablation_page.effect_cosine")
         # without a class token the statistics describe the attention each patch receives (head_statistics)
-        suffix = "" if cap.has_class_token else "_received"
+        suffix = "" if cap.summary == "cls" else "_received"
         label = lambda s: t(f"ablation_page.{s}{suffix}")  # noqa: E731
         statistic = st.radio(t("ablation_page.statistic"), ["entropy", "share"], key="ablation_statistic",
                              horizontal=True, format_func=label)
@@ -134,7 +133,7 @@ def show(ctx: Context) -> None:
                            key="ablation_statistic")
         st.info(correlation_sentence(result, statistic))
 
-    options = [head_key(l, h) for l in range(cap.num_layers) for h in range(cap.num_heads)]
+    options = [head_key(l, h) for l in range(cap.num_layers) for h in range(cap.heads(l))]
     st.session_state[OFF] = off_keys
     chosen = st.multiselect(t("ablation_page.off"), options, key=OFF, help=t("ablation_page.off_help"),
                             placeholder=t("ablation_page.off_placeholder"),
@@ -165,4 +164,12 @@ def show(ctx: Context) -> None:
                   top=model.labels[int(ablated.output.argmax())]))
 
 
-register(View("ablation", show, controls=frozenset({LAYER, OPACITY, COLOURS, SMOOTH}), order=94))
+def needs(ctx: Context) -> str | None:
+    """Heads that can be switched off: a plain ViT's blocks run one at a time, or one linear output projection per
+    layer where a head's slice can be zeroed."""
+    if ablation.switch_refusal(ctx.model) is None:
+        return None
+    return t("ablation_page.not_switchable", model=ctx.model.public_name)
+
+
+register(View("ablation", show, controls=frozenset({LAYER, OPACITY, COLOURS, SMOOTH}), order=94, needs=needs))

@@ -1,7 +1,8 @@
 """What a view is: a function that draws one way of looking at a capture, and the controls it reads.
 
-A view module ends with ``register(View("name", show, controls=...))``; its label is the locale key
-``views.<name>``. The registry (:func:`attnviz_app.views.registered`) finds every module of this
+A view module ends with ``register(View("name", show, controls=..., needs=...))``; its label is the locale key
+``views.<name>``, and ``needs`` says in one sentence what a model lacks where the view cannot draw it (the page
+shows that sentence instead; every view draws on every model whose capture has what it needs). The registry (:func:`attnviz_app.views.registered`) finds every module of this
 package, so adding a view is one new file plus its labels. A view that declares no controls gets none:
 the page hides Layer and Head and disables the display controls there ("every control on screen does
 something").
@@ -40,6 +41,7 @@ class Context:
     # The capture and the view got back when a download is clicked (attnviz_app.ui.Recall); None (tests, a
     # notebook): held as they are.
     recall: Any = None
+    panel: Any = None  # the presenter view's side column: where a view with its own boxes (Stage, Block) puts them
 
     def later(self) -> tuple[Callable[[], Capture], Callable[[], Image.Image]]:
         """Functions that give the capture and the view when called — after the run, e.g. as a download is
@@ -58,6 +60,10 @@ class Context:
 
 def _always(value: Any, ctx: Context) -> bool:
     return True
+
+
+def _draws_any(ctx: Context) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -148,9 +154,16 @@ class View:
     linked: tuple[Linked, ...] = ()  # its own controls that a link names
     # the locale key of the sentence saying why the page's Layer and Head are hidden, where it reads neither
     no_layer_head: str = "classroom.no_layer_head"
+    # What it needs of the model and the chosen layer (a class token, one token set across layers, a classifier, …):
+    # one sentence in the page's language naming what this model has where the view cannot draw it, else None.
+    needs: Callable[[Context], str | None] = _draws_any
 
     def used(self, state: Mapping) -> frozenset[str]:
         return self.controls if self.controls_in is None else self.controls_in(state, self.controls)
+
+    def refusal(self, ctx: Context) -> str | None:
+        """Why this view cannot draw ``ctx`` (one sentence), or None: the page shows the sentence instead."""
+        return self.needs(ctx)
 
 
 _REGISTERED: dict[str, View] = {}  # filled once, as view modules are imported; never changed by a run

@@ -13,20 +13,23 @@ from ..text import device_label, t
 from .base import ALL, Context, View, register
 from .common import described, download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
 from .norms import mark_high_norm, norm_sentence
+from .stages import window_lines
 from .takeaway import downloads as take_away
 
 
-def no_class_token_note(cap) -> None:
+def no_class_token_note(cap, layer: int) -> None:
     """Say once, where a map would be the class token's, what is shown instead."""
-    if not cap.has_class_token:
-        st.info(t("families.no_cls_note", p=cap.num_tokens - cap.num_prefix_tokens))
+    if cap.summary_kind(layer) != "cls":
+        h, w = cap.map_grid(layer)
+        st.info(t("families.no_cls_note", p=h * w))
 
 
 def picture_of(cap, view: Image.Image, layer: int, head, alpha: float, cmap: str, smooth: bool) -> Image.Image:
-    """The heatmap of ``layer`` and ``head`` over ``view``, enlarged, with its high-norm patches marked."""
-    grid_map = cap.summary_map(layer, head)  # (h, w): the CLS row, or the mean received without one
+    """The heatmap of ``layer`` and ``head`` over ``view``, enlarged, with its high-norm patches marked and, where
+    the layer attends inside windows, each window outlined."""
+    grid_map = cap.summary_map(layer, head)  # (h, w) at the layer's keys' grid: the CLS row, or the mean received
     picture = enlarge(render.overlay(view, grid_map, alpha=alpha, cmap=cmap, smooth=smooth))
-    return mark_high_norm(picture, cap, layer)
+    return window_lines(mark_high_norm(picture, cap, layer), cap, layer)
 
 
 def show(ctx: Context) -> None:
@@ -34,13 +37,15 @@ def show(ctx: Context) -> None:
     drawn = (ctx.layer, ctx.head, ctx.alpha, ctx.cmap, ctx.smooth)
     grid_map = cap.summary_map(ctx.layer, ctx.head)
     picture = picture_of(cap, ctx.view, *drawn)
-    patches = cap.num_tokens - cap.num_prefix_tokens
-    if cap.has_class_token:
+    lay = cap.layout(ctx.layer)
+    (h, w), patches = lay.keys_grid, lay.keys_grid[0] * lay.keys_grid[1]
+    has_row = cap.summary_kind(ctx.layer) == "cls"
+    if has_row:
         title = t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head))
-        caption = t("view.caption", h=cap.grid[0], w=cap.grid[1])
+        caption = t("view.caption", h=h, w=w)
     else:
         title = t("families.no_cls_title", layer=ctx.layer + 1, head=head_label(ctx.head))
-        caption = t("families.no_cls_caption", h=cap.grid[0], w=cap.grid[1], p=patches)
+        caption = t("families.no_cls_caption", h=h, w=w, p=patches)
     if ctx.present:  # the projector: the picture as large as the screen allows, the facts left out
         st.subheader(title)
         with st.container(key="present_heat"):  # classroom.PRESENT_CSS sizes it by the screen's height
@@ -48,17 +53,19 @@ def show(ctx: Context) -> None:
         return
     left, right = st.columns([3, 2], gap="large")
     with left:
-        no_class_token_note(cap)
+        no_class_token_note(cap, ctx.layer)
         st.subheader(title)
         heatmap(picture, grid_map, ctx.cmap, caption)
         with st.expander(t("view.reading")):
-            if cap.has_class_token:
+            if cap.summary == "cls":  # the class token asks at every layer: its spread, layer by layer
                 spread = stats.class_token_spread(cap)  # measured here, not what models often do
                 heads = spread.heads[ctx.layer]
                 reading = t("view.reading_body", n=cap.num_tokens, uniform=1 / cap.num_tokens,
                             focused=spread.focused_layer + 1, spread=spread.spread_layer + 1,
                             fe=spread.mean_map[spread.focused_layer], se=spread.mean_map[spread.spread_layer],
                             max=spread.max_entropy, layer=ctx.layer + 1, lo=heads.min(), hi=heads.max())
+            elif has_row:  # it asks here, not at every layer (CaiT's class attention)
+                reading = t("view.reading_layer", layer=ctx.layer + 1, n=lay.num_keys, uniform=1 / lay.num_keys)
             else:
                 reading = t("families.no_cls_reading_body", p=patches, uniform=1 / patches)
             sentence = norm_sentence(cap, ctx.layer)  # what this capture shows, not what models often do

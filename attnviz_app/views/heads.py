@@ -8,6 +8,7 @@ import streamlit as st
 from PIL import Image, ImageDraw
 
 from attnviz import render
+from attnviz.stages import mean_received
 from ..text import t
 
 from .base import ALL, Context, View, register
@@ -21,18 +22,20 @@ PRESENT_PX = 600  # a 720 px projector less the head axis: all layers fit down i
 MEAN = "mean"
 
 
-def cls_maps(cap) -> np.ndarray:
-    """(L, H + 1, h, w): the CLS map of every head, and the mean of the heads in the last column."""
-    h, w = cap.grid
+def cls_maps(cap) -> list[np.ndarray]:
+    """Per layer (H_l + 1, h_l, w_l): every head's summary map at the layer's own grid (the CLS row where the class
+    token asks, else the mean attention each patch receives), and the mean of the heads last."""
     maps = []
     for layer in range(cap.num_layers):
-        if cap.has_class_token:
-            rows = cap.layer_rows(layer, 0)  # (H, N): only the CLS rows are computed
-        else:  # no class token: the mean attention each token receives from the patch queries
-            rows = cap.layer_weights(layer)[:, cap.num_prefix_tokens:].mean(1)  # (H, N)
-        rows = np.concatenate([rows.cpu().numpy(), rows.mean(0, keepdim=True).cpu().numpy()])
-        maps.append(rows[:, cap.num_prefix_tokens:].reshape(-1, h, w))
-    return np.stack(maps)
+        lay = cap.layout(layer)
+        if cap.summary_kind(layer) == "cls":
+            rows = cap.layer_rows(layer, 0)[:, lay.num_key_prefix:].cpu().numpy()  # (H, P): only the CLS rows
+            heads = rows.reshape(-1, *lay.keys_grid)
+        else:  # the window weights once for all heads
+            weights = cap.window_weights(layer).transpose(0, 1)  # (H, W, Tq, Tk)
+            heads = np.stack([mean_received(lay, weights[h]) for h in range(lay.num_heads)])
+        maps.append(np.concatenate([heads, heads.mean(0, keepdims=True)]))
+    return maps
 
 
 def apply_cell(state) -> None:
@@ -51,7 +54,7 @@ def _clicked() -> None:
 def montage(tiles: list[list[Image.Image]], chosen: tuple[int, int], gap: int = 4, margin: int = 40) -> Image.Image:
     """One PNG of the whole grid, rows = layers, columns = heads, labelled, with the chosen cell framed."""
     size = tiles[0][0].width
-    rows, cols = len(tiles), len(tiles[0])
+    rows, cols = len(tiles), max(len(row) for row in tiles)  # a layer with fewer heads: its mean in the last column
     sheet = Image.new("RGB", (margin + cols * (size + gap), margin + rows * (size + gap)), "white")
     draw = ImageDraw.Draw(sheet)
     for c in range(cols):
@@ -60,6 +63,7 @@ def montage(tiles: list[list[Image.Image]], chosen: tuple[int, int], gap: int = 
     for r, row in enumerate(tiles):
         draw.text((8, margin + r * (size + gap) + size // 2 - 6), f"L{r + 1}", fill="black")
         for c, tile in enumerate(row):
+            c = cols - 1 if c == len(row) - 1 else c
             x, y = margin + c * (size + gap), margin + r * (size + gap)
             sheet.paste(tile, (x, y))
             if (r, c) == chosen:
@@ -70,24 +74,27 @@ def montage(tiles: list[list[Image.Image]], chosen: tuple[int, int], gap: int = 
 def brightest(maps: np.ndarray) -> pd.DataFrame:
     """What the tiles show, in numbers ("Show data"): per layer and head (the mean last), its brightest patch and
     that patch's weight. ``maps``: :func:`cls_maps`."""
-    num_layers, columns, h, w = maps.shape
-    flat = maps.reshape(num_layers, columns, h * w)
-    top = flat.argmax(-1)  # (L, H + 1)
-    heads = [*(str(k + 1) for k in range(columns - 1)), t("analysis.heads.mean")]
-    return pd.DataFrame([{
-        t("analysis.heads.layer"): l + 1, t("analysis.heads.head"): heads[c],
-        t("analysis.heads.brightest"): t("analysis.patch", row=top[l, c] // w + 1, col=top[l, c] % w + 1),
-        t("analysis.matrix.colorbar"): float(flat[l, c, top[l, c]]),
-    } for l in range(num_layers) for c in range(columns)])
+    records = []
+    for l, layer_maps in enumerate(maps):
+        columns, _, w = layer_maps.shape
+        flat = layer_maps.reshape(columns, -1)
+        top = flat.argmax(-1)  # (H + 1,)
+        heads = [*(str(k + 1) for k in range(columns - 1)), t("analysis.heads.mean")]
+        records += [{
+            t("analysis.heads.layer"): l + 1, t("analysis.heads.head"): heads[c],
+            t("analysis.heads.brightest"): t("analysis.patch", row=top[c] // w + 1, col=top[c] % w + 1),
+            t("analysis.matrix.colorbar"): float(flat[c, top[c]]),
+        } for c in range(columns)]
+    return pd.DataFrame(records)
 
 
 def tiles_of(cap, view: Image.Image, cell: int, alpha: float, cmap: str, smooth: bool,
              maps: np.ndarray | None = None) -> list[list[Image.Image]]:
     """Per layer, each head's CLS map and then their mean, over ``view`` at ``cell`` px (``maps``: cls_maps)."""
-    maps = cls_maps(cap) if maps is None else maps  # (L, H + 1, h, w)
+    maps = cls_maps(cap) if maps is None else maps  # per layer (H_l + 1, h_l, w_l)
     small = view.resize((cell, cell), Image.Resampling.BICUBIC)
     return [[render.overlay(small, layer_maps[c], alpha=alpha, cmap=cmap, smooth=smooth)
-             for c in range(cap.num_heads + 1)] for layer_maps in maps]
+             for c in range(len(layer_maps))] for layer_maps in maps]
 
 
 def sheet_of(cap, view: Image.Image, cell: int, alpha: float, cmap: str, smooth: bool,
@@ -99,7 +106,7 @@ def sheet_of(cap, view: Image.Image, cell: int, alpha: float, cmap: str, smooth:
 def show(ctx: Context) -> None:
     cap = ctx.cap
     num_layers, num_heads = cap.num_layers, cap.num_heads
-    no_class_token_note(cap)  # the maps below are not a class token's when it has none
+    no_class_token_note(cap, cap.num_layers - 1)  # the maps below are not a class token's when it has none
     st.subheader(t("analysis.heads.title", layers=num_layers, heads=num_heads))
     st.caption(t("analysis.heads.caption"))
     cell = CELL_PX
@@ -113,11 +120,12 @@ def show(ctx: Context) -> None:
     tiles = tiles_of(cap, ctx.view, *drawn, maps=maps)
     names = [*(str(k + 1) for k in range(num_heads)), MEAN]
     chosen_head = MEAN if ctx.head == MEAN else (str(ctx.head + 1) if isinstance(ctx.head, int) else None)
+    columns = [[*(str(k + 1) for k in range(len(row) - 1)), MEAN] for row in tiles]  # each layer's own heads
     cells = pd.DataFrame([
-        {"layer": l + 1, "head": names[c], "url": data_url(tiles[l][c]),
-         "chosen": (l == ctx.layer and names[c] == chosen_head),
-         "label": f"{t('view.layer')} {l + 1}, {head_label(MEAN if names[c] == MEAN else c)}"}
-        for l in range(num_layers) for c in range(num_heads + 1)
+        {"layer": l + 1, "head": column[c], "url": data_url(tiles[l][c]),
+         "chosen": (l == ctx.layer and column[c] == chosen_head),
+         "label": f"{t('view.layer')} {l + 1}, {head_label(MEAN if column[c] == MEAN else c)}"}
+        for l, column in enumerate(columns) for c in range(len(column))
     ])
     mean_word = t("analysis.heads.mean").replace("'", "")
     label = f"datum.value == 'mean' ? '{mean_word}' : datum.value"

@@ -27,7 +27,7 @@ def one_mask(cap, view: Image.Image, layer: int, head, mass: float) -> Image.Ima
 def head_masks(cap, view: Image.Image, layer: int, mass: float) -> list[tuple[Image.Image, int]]:
     """Each head's mask at ``layer`` as a thumbnail, with the number of patches it keeps."""
     out = []
-    for head in range(cap.num_heads):
+    for head in range(cap.heads(layer)):
         mask = mass_mask(cap.summary_map(layer, head), mass)
         out.append((draw_mask(view, mask.keep).resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS), mask.count))
     return out
@@ -46,8 +46,8 @@ def head_masks_sheet(cap, view: Image.Image, layer: int, mass: float) -> Image.I
 
 def show(ctx: Context) -> None:
     cap = ctx.cap
-    h, w = cap.grid
-    no_class_token_note(cap)  # the maps below are not a class token's when it has none
+    h, w = cap.map_grid(ctx.layer)  # the layer's own grid
+    no_class_token_note(cap, ctx.layer)  # the maps below are not a class token's when it has none
     st.markdown(t("analysis.mask.explain"))
     for spec in LINKED:
         spec.prepare(st.session_state, ctx)
@@ -69,7 +69,7 @@ def show(ctx: Context) -> None:
         draw, drawn = one_mask, (ctx.layer, ctx.head, percent / 100)
         name = f"mask{percent}_layer{ctx.layer + 1}_head{head_part(ctx.head)}.png"
     else:
-        per_row = min(cap.num_heads, 3)
+        per_row = min(cap.heads(ctx.layer), 3)
         columns = st.columns(per_row)
         for head, (thumb, count) in enumerate(head_masks(cap, ctx.view, ctx.layer, percent / 100)):
             columns[head % per_row].image(thumb, caption=t("analysis.mask.head_caption", n=head + 1, count=count))

@@ -14,6 +14,7 @@ from PIL import Image
 
 from attnviz import render
 from attnviz.capture import HIGH_NORM_RATIO, Capture
+from attnviz.errors import LayoutError
 from ..text import listed, t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
@@ -26,16 +27,21 @@ def mark_high_norm(picture: Image.Image, cap: Capture, layer: int) -> Image.Imag
     """``picture`` (the enlarged overlay) with a magenta frame round each high-norm patch after ``layer``."""
     if not cap.token_norms:
         return picture
-    cells = [(int(r), int(c), HIGH_NORM_COLOUR) for r, c in np.argwhere(cap.high_norm(layer))]
+    try:
+        high = cap.high_norm(layer)
+    except LayoutError:  # the tokens after this layer are not its grid's cells
+        return picture
+    cells = [(int(r), int(c), HIGH_NORM_COLOUR) for r, c in np.argwhere(high)]
     if not cells:
         return picture
-    width = max(2, round(min(picture.height / cap.grid[0], picture.width / cap.grid[1]) / 10))
-    return render.outline(picture, cap.grid, cells, width)
+    grid = cap.layout(layer).grid
+    width = max(2, round(min(picture.height / grid[0], picture.width / grid[1]) / 10))
+    return render.outline(picture, grid, cells, width)
 
 
 def norm_sentence(cap: Capture, layer: int) -> str | None:
     """What this capture shows about high-norm tokens, for the reading notes of a map of ``layer``."""
-    if not cap.token_norms:
+    if not cap.token_norms or layer not in drawn_layers(cap):
         return None
     ratios = cap.norm_ratio(layer)
     if (ratios > HIGH_NORM_RATIO).any():
@@ -45,15 +51,28 @@ def norm_sentence(cap: Capture, layer: int) -> str | None:
     if layers:
         return t("families.high_norm_elsewhere", layer=layer + 1, top=float(ratios.max()), ratio=HIGH_NORM_RATIO,
                  layers=listed(i + 1 for i in layers))
-    tops = [float(cap.norm_ratio(i).max()) for i in range(cap.num_layers)]
-    worst = int(np.argmax(tops))
-    return t("families.high_norm_none", ratio=HIGH_NORM_RATIO, top=tops[worst], layer=worst + 1)
+    layers = drawn_layers(cap)
+    tops = [float(cap.norm_ratio(i).max()) for i in layers]
+    worst = layers[int(np.argmax(tops))]
+    return t("families.high_norm_none", ratio=HIGH_NORM_RATIO, top=max(tops), layer=worst + 1)
+
+
+def drawn_layers(cap: Capture) -> list[int]:
+    """The layers whose output tokens are their grid's cells (and prefix tokens): their norms lie on the grid."""
+    drawn = []
+    for layer in range(cap.num_layers):
+        try:
+            cap.norm_ratio(layer)
+        except LayoutError:
+            continue
+        drawn.append(layer)
+    return drawn
 
 
 def by_layer(cap: Capture) -> pd.DataFrame:
     """Long form: per layer (1-based), the largest patch norm and the 99th percentile, ÷ the median."""
     rows = []
-    for layer in range(cap.num_layers):
+    for layer in drawn_layers(cap):
         ratios = cap.norm_ratio(layer).ravel()
         rows.append({"layer": layer + 1, "series": t("families.norms_max"), "ratio": float(ratios.max())})
         rows.append({"layer": layer + 1, "series": t("families.norms_p99"), "ratio": float(np.percentile(ratios, 99))})
@@ -65,9 +84,10 @@ def show(ctx: Context) -> None:
     if not cap.token_norms:
         st.info(t("families.norms_unavailable"))
         return
-    ratios = [float(cap.norm_ratio(layer).max()) for layer in range(cap.num_layers)]  # this capture's longest patch
-    top = int(np.argmax(ratios))
-    st.markdown(t("families.norms_explain", ratio=HIGH_NORM_RATIO, top=ratios[top], layer=top + 1))
+    layers = drawn_layers(cap)
+    ratios = [float(cap.norm_ratio(layer).max()) for layer in layers]  # this capture's longest patch
+    top = layers[int(np.argmax(ratios))]
+    st.markdown(t("families.norms_explain", ratio=HIGH_NORM_RATIO, top=max(ratios), layer=top + 1))
     data = by_layer(cap)
     x = alt.X("layer:Q", title=t("families.norms_layer_axis"), axis=alt.Axis(tickMinStep=1, format="d"),
               scale=alt.Scale(domain=[0.5, cap.num_layers + 0.5], nice=False))
@@ -105,11 +125,12 @@ def show(ctx: Context) -> None:
             st.markdown(t("families.norms_found", layer=layer + 1, count=high, patches=ratios.size))
         else:
             st.markdown(t("families.norms_none", layer=layer + 1, top=float(ratios.max())))
-        p = cap.num_prefix_tokens
+        lay = cap.layout(layer)
+        p = cap.token_norms[layer].numel() - lay.grid[0] * lay.grid[1]  # the prefix tokens among this layer's outputs
         if p:
             median = float(cap.token_norms[layer][p:].median())
             values = listed(
-                f"{token_label(i, p, cap.grid, short=True)} {float(cap.token_norms[layer][i]) / median:.2f}×" for i in range(p)
+                f"{token_label(i, p, lay.grid, short=True)} {float(cap.token_norms[layer][i]) / median:.2f}×" for i in range(p)
             )
             st.caption(t("families.norms_prefix", layer=layer + 1, values=values))
         per_patch = cap.token_norms[layer][p:].double().cpu().numpy()
@@ -119,11 +140,23 @@ def show(ctx: Context) -> None:
             x=alt.X("norm:Q", bin=alt.Bin(maxbins=40), title=t("families.norms_norm_axis")),
             y=alt.Y("count():Q", title=t("families.norms_count_axis")),
         )
-        histogram = alt.layer(table_layer(patch_table(per_patch.reshape(cap.grid), t("families.norms_norm_axis"))),
+        histogram = alt.layer(table_layer(patch_table(per_patch.reshape(lay.grid), t("families.norms_norm_axis"))),
                               histogram).properties(height=220)
         st.altair_chart(described(histogram), width="stretch")
         download_chart(histogram.properties(title=t("families.norms_histogram", layer=layer + 1)),
                        f"token_norms_layer{layer + 1}_histogram", key="norms_histogram")
 
 
-register(View("norms", show, controls=frozenset({LAYER, OPACITY, COLOURS, SMOOTH}), order=90))  # per layer, not per head
+def needs(ctx: Context) -> str | None:
+    """Token norms after the chosen layer, laid on its grid."""
+    cap = ctx.cap
+    if not cap.token_norms:
+        return None  # show() says the capture has none
+    if ctx.layer in (layers := drawn_layers(cap)):
+        return None
+    return t("families.norms_not_grid", layer=ctx.layer + 1,
+             layers=listed(i + 1 for i in layers[:6]) + ("…" if len(layers) > 6 else "") if layers else "—")
+
+
+register(View("norms", show, controls=frozenset({LAYER, OPACITY, COLOURS, SMOOTH}), order=90,  # per layer, not per head
+              needs=needs))

@@ -68,7 +68,7 @@ def measured_sentence(stats: qkmap.QKStats, layer: int, head: int) -> str:
 
 def softmax_change(cap, layer: int, head: int, qk: qkmap.QKMap) -> float:
     """Largest change of any attention weight of this head when the normalised q and k replace the capture's."""
-    n = cap.num_tokens
+    n = cap.layout(layer).num_tokens
     q, k = qk.vectors[:n], qk.vectors[n:2 * n]
     logits = q @ k.T * cap.layout(layer).scale
     weights = np.exp(logits - logits.max(1, keepdims=True))
@@ -223,19 +223,21 @@ def show(ctx: Context) -> None:
         qk = heavy.run("qkmap", ctx.cap_key, (ctx.layer, head, method, normalize), compute, t("qkmap.working"))
     stats = qkmap.statistics(qk)
     values = qkmap.colour_values(qk, cap, colour)
-    query = current_query(cap)  # the session's query token, as the Query and matrix views draw it
+    lay = cap.layout(ctx.layer)
+    prefix, grid = lay.prefix, lay.grid
+    query = current_query(cap, ctx.layer)  # the session's query token, as the Query and matrix views draw it
     if colour in ("row", "column"):
         values = values + 1  # counted from 1, as the page counts rows and columns
     colour_title = t(f"qkmap.colour_{colour}")
     chart = scatter(qk, values, ctx.view, query, colour_title, ctx.narrow, ctx.present)
-    st.altair_chart(described(chart), key=CHART_KEY, on_select=partial(_picked_point, cap.num_prefix_tokens, cap.grid),
+    st.altair_chart(described(chart), key=CHART_KEY, on_select=partial(_picked_point, prefix, grid),
                     selection_mode="pick", width="content", alt=title)
     # the file: the map alone (the photo beside it only shows the patch under the pointer)
     download_chart(configured(points_plot(qk, values, query, colour_title, SCATTER_PX, False)),
                    f"qk_map_layer{ctx.layer + 1}_head{head + 1}_{method}", key="qk_map_download")
     st.markdown(measured_sentence(stats, ctx.layer, head))
-    top = listed(token_label(int(k), cap.num_prefix_tokens, cap.grid) for k in qk.top_keys(0, query, TOP))
-    st.markdown(t("qkmap.lines", query=token_label(query, cap.num_prefix_tokens, cap.grid), top=top, n=TOP))
+    top = listed(token_label(int(k), prefix, grid) for k in qk.top_keys(0, query, TOP))
+    st.markdown(t("qkmap.lines", query=token_label(query, prefix, grid), top=top, n=TOP))
     st.button(t("qkmap.open_query"), key="qk_open_query", on_click=_open_query_view, icon=":material/ads_click:")
     if normalize == "attentionviz":
         st.caption(t("qkmap.normalize_note", change=softmax_change(cap, ctx.layer, head, qk)))
@@ -244,6 +246,9 @@ def show(ctx: Context) -> None:
 
     atlas_title = t("qkmap.atlas_title", layers=cap.num_layers, heads=cap.num_heads)
     st.subheader(atlas_title)
+    if not cap.uniform or not all(map(qkmap.mappable, [cap] * cap.num_layers, range(cap.num_layers))):
+        st.info(t("qkmap.atlas_one_grid"))  # the atlas lays every head on the same tokens
+        return
     st.caption(t("qkmap.atlas_explain"))
     at, picture = heavy.run("qk_atlas", ctx.cap_key, (), lambda: _atlas(cap), t("qkmap.working"))
     atlas = atlas_chart(picture, cap.num_layers, cap.num_heads, at.row_r, at.column_r, ctx.narrow, (ctx.layer, head))
@@ -265,4 +270,30 @@ def _atlas(cap):
     return at, qkmap.atlas_picture(at)
 
 
-register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=91, reads_query=True, linked=LINKED))
+def how_it_attends(cap, layer: int) -> str:
+    """What keeps layer ``layer`` from being one set of points that attend to each other, in a few words."""
+    lay = cap.layout(layer)
+    if lay.num_windows > 1:
+        return t("qkmap.how_windows", n=lay.num_windows, wh=lay.window[0], ww=lay.window[1])
+    if lay.key_windows is not None or lay.keys_grid != lay.grid:
+        return t("qkmap.how_pooled", h=lay.keys_grid[0], w=lay.keys_grid[1])
+    if lay.windows.shape[1] < lay.num_tokens:
+        return t("qkmap.how_some_queries", n=lay.windows.shape[1], total=lay.num_tokens)
+    return t("qkmap.how_mixed")
+
+
+def needs(ctx: Context) -> str | None:
+    """A layer whose queries and keys are one set of tokens attending to each other (not windows, not pooled keys)."""
+    if qkmap.mappable(ctx.cap, ctx.layer):
+        return None
+    cap = ctx.cap
+    layers = [layer + 1 for layer in range(cap.num_layers) if qkmap.mappable(cap, layer)]
+    how = how_it_attends(cap, ctx.layer)
+    if not layers:
+        return t("qkmap.no_global_layer", layer=ctx.layer + 1, how=how)
+    return t("qkmap.not_global", layer=ctx.layer + 1, how=how,
+             layers=listed(layers[:6]) + ("…" if len(layers) > 6 else ""))
+
+
+register(View("qkmap", show, controls=frozenset({LAYER, HEAD}), order=91, reads_query=True, linked=LINKED,
+              needs=needs))

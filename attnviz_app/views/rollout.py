@@ -7,7 +7,7 @@ from PIL import Image
 
 from attnviz import render
 from attnviz.softmax import HEAD_FUSIONS
-from attnviz.rollout import rollout_map
+from attnviz.rollout import rollout_layers, rollout_map, rollout_refusal
 from .. import heavy
 from ..text import t
 
@@ -25,7 +25,7 @@ def _layer_range(words: str) -> tuple[int, int] | None:
 
 
 LINKED = (
-    Linked("layers", "rollout_layers", _layer_range, lambda ctx: (1, ctx.cap.num_layers),
+    Linked("layers", "rollout_layers", _layer_range, lambda ctx: tuple(i + 1 for i in rollout_layers(ctx.cap)),
            lambda layers: f"{layers[0]}-{layers[1]}", fits=lambda layers, ctx: layers[1] <= ctx.cap.num_layers),
     Linked("fusion", "rollout_fusion", one_of(HEAD_FUSIONS), lambda ctx: HEAD_FUSIONS[0]),
     Linked("discard", "rollout_discard", number(0.0, 0.95, 0.05), lambda ctx: 0.0, write_number),
@@ -54,7 +54,7 @@ def sheet_of(cap, view: Image.Image, *drawn) -> Image.Image:
 def show(ctx: Context) -> None:
     cap = ctx.cap
     last_layer = cap.num_layers
-    no_class_token_note(cap)  # the maps below are not a class token's when it has none
+    no_class_token_note(cap, last_layer - 1)  # the maps below are not a class token's when it has none
     st.markdown(t("analysis.rollout.explain"))
     for spec in LINKED:
         spec.prepare(st.session_state, ctx)
@@ -69,6 +69,10 @@ def show(ctx: Context) -> None:
         help=t("analysis.rollout.discard_help"), format="%.2f",
     )
     args = (first, last, fusion, discard)
+    if rollout_refusal(cap, first - 1, last - 1) is not None:  # across a change of grid: one sentence
+        own = rollout_layers(cap)
+        st.info(t("analysis.rollout.refused", first=first, last=last, a=own[0] + 1, b=own[1] + 1))
+        return
     rolled = heavy.run(  # (h, w); ~2 s at 518 px: shared and bounded across sessions
         "rollout", ctx.cap_key, args, lambda: rollout_map(cap, first - 1, last - 1, fusion, discard),
         t("jobs.rollout"),

@@ -1,9 +1,9 @@
-"""A model with stages and windows (Swin): Stage and Block instead of Layer, the grid of that stage,
-each window outlined; the summary map (mean attention received within windows) or one patch's row.
+"""Stages and windows, block by block: Stage and Block instead of Layer, the grid of that stage, each window
+outlined; the summary map (mean attention received within windows), one patch's row, or the layer's matrix in
+window order (block-diagonal).
 
-Not one of the selector's views: the explore page draws this instead of them where the capture's layers
-differ in grid, windows or heads (not :attr:`attnviz.Capture.uniform`), and says in one sentence why the others
-are not drawn.
+One of the View box's views, for every model (a plain ViT is one stage of global windows); a model with more
+than one stage opens on it.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .. import links
 from ..text import listed, t
 from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
                      head_part, mark_patch, patch_table, selected_points)
-from .base import Context, patch_named
+from .base import COLOURS, OPACITY, SMOOTH, Context, View, patch_named, register
 from .takeaway import files
 
 CHART_KEY = "stage_query_chart"
@@ -85,6 +85,7 @@ def block_label(lay, n: int) -> str:
 
 
 MATRIX_PX = 784  # at most this many rows and columns drawn; more are max-pooled (a window's block stays visible)
+MATRIX_CELLS = 2**24  # at most this many weights built for one matrix (64 MB): the first windows of a large grid
 
 
 def pooled(weights: np.ndarray, side: int = MATRIX_PX) -> tuple[np.ndarray, int]:
@@ -103,7 +104,8 @@ def matrix(cap, layer: int, head, cmap: str, names: dict, stage: int, block: int
     from matplotlib.figure import Figure
 
     lay = cap.layout(layer)
-    weights, k = pooled(cap.ordered_weights(layer, head))
+    count = cap.windows_that_fit(layer, MATRIX_CELLS)  # never the whole-image matrix of a large grid
+    weights, k = pooled(cap.ordered_weights(layer, head, count))
     fig = Figure(figsize=(6.4, 5.6))
     ax = fig.subplots()
     rows, cols = weights.shape[0] * k, weights.shape[1] * k  # the axes count tokens, not pooled squares
@@ -119,6 +121,8 @@ def matrix(cap, layer: int, head, cmap: str, names: dict, stage: int, block: int
     if lay.num_windows > 1:
         st.caption(t("stages.matrix_caption", w=lay.num_windows, tq=lay.windows.shape[1], tk=lay.keys.shape[1],
                      pooled=pooled_note))
+        if count < lay.num_windows:
+            st.caption(t("stages.matrix_first", n=count, w=lay.num_windows))
     else:
         st.caption(t("stages.matrix_caption_global", pooled=pooled_note))
     download_file(png, f"stage{stage + 1}_block{block + 1}_head{head_part(head)}_matrix.png", key="download_stage_matrix")
@@ -155,14 +159,14 @@ def _follow_link(state, stages) -> None:
         state["stage_query"] = patch
 
 
-def show(ctx: Context, panel=None) -> dict[str, str]:
+def show(ctx: Context) -> dict[str, str]:
     """The Stage view. It reads the display controls of ``ctx`` (opacity, colours, smoothing) and not its Layer and
     Head: each stage has its own Block and Head boxes here. Its downloads get the capture back when clicked.
     ``panel`` (the presenter view's side column) takes the Stage, Block, Head and Show boxes, as it takes Layer, Head
     and View on a ViT; what the stages are then goes under the picture, which keeps the projector's height.
     Returns the words a link to what it shows needs (``stage``, ``block``, ``head``, ``show``, ``query``, counted
     from 1), each where it is not what the view opens on."""
-    model, cap, view, narrow = ctx.model, ctx.cap, ctx.view, ctx.narrow
+    model, cap, view, narrow, panel = ctx.model, ctx.cap, ctx.view, ctx.narrow, ctx.panel
     alpha, cmap, smooth = ctx.alpha, ctx.cmap, ctx.smooth
     stages = cap.stages
     state = st.session_state
@@ -267,9 +271,12 @@ def show(ctx: Context, panel=None) -> dict[str, str]:
         with st.expander(t("stages.about")):
             st.info(intro(model, cap))
     files(model, cap, "mean", alpha, cmap, ctx.later())  # every (stage, block) as the interactive page and the GIF
-    st.caption(t("stages.not_drawn"))
     said = {"stage": (stage, len(stages) - 1), "block": (block, len(blocks) - 1), "head": (picked, "mean"),
             "show": (what, SHOWN[0])}
     words = {name: str(value + 1 if name in ("stage", "block") else value)
              for name, (value, first) in said.items() if value != first}
     return words | ({"query": query} if query else {})
+
+
+register(View("stages", show, controls=frozenset({OPACITY, COLOURS, SMOOTH}), order=45,
+              no_layer_head="stages.no_layer_head"))
