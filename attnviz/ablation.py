@@ -85,7 +85,12 @@ class HeadAblation:
 
     def to_json(self) -> list[list[float]]:
         """One list per layer (layer 1 first), one effect per head (head 1 first; a layer's own heads only)."""
-        return [[float(v) for v in row if np.isfinite(v)] for row in self.effect]
+        return per_layer(self.effect)
+
+
+def per_layer(values: np.ndarray) -> list[list[float]]:
+    """(L, H) with NaN where a layer lacks a head → one list per layer of its own heads' values (for JSON)."""
+    return [[float(v) for v in row if np.isfinite(v)] for row in values]
 
 
 def switch_refusal(model: Model) -> str | None:

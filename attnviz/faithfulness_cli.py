@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         if args.ablation:
             grid = ablation.head_ablation(model, cap)
             record |= {"ablation": grid.to_json(), "ablation_measure": grid.measure,
-                       "head_entropy": grid.entropy.tolist(), "head_top_share": grid.top_share.tolist(),
+                       "head_entropy": ablation.per_layer(grid.entropy),
+                       "head_top_share": ablation.per_layer(grid.top_share),
                        "rank_correlation": {  # null when every head has the same effect or statistic
                            "entropy": finite(grid.entropy_correlation), "top_share": finite(grid.share_correlation)}}
         record["sentence"] = sentence(result)

@@ -572,3 +572,85 @@ def test_the_lesson_on_a_swin_says_in_one_sentence_what_it_follows_and_never_fai
     info = " ".join(i.value for i in at.info)
     assert said in info, info
     assert not at.latex  # no step drawn from a matrix the model does not have
+
+
+def _command(swin_folder, *words):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    return subprocess.run([sys.executable, "-m", "attnviz", *words, "--model", ARCH, "--checkpoint",
+                           str(swin_folder / f"{ARCH}--random.safetensors")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**__import__("os").environ, "ATTNVIZ_RUNTIME": "pytorch"})
+
+
+def test_every_command_runs_on_a_swin_or_says_one_line(swin_folder, tmp_path):
+    """figure, qk (a layer with global attention; a windowed one: one line, exit 2), faithfulness with the mean fill
+    and head ablation (each layer's own heads, switched off at the output projection), and export --html --rollout."""
+    import json
+
+    from conftest import ASSETS
+
+    photo = str(ASSETS / "cat.jpg")
+    run = _command(swin_folder, "figure", photo, "--out", str(tmp_path / "fig.svg"), "--views", "cls,rollout,heads",
+                   "--layers", "2,12")
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    svg = (tmp_path / "fig.svg").read_text()
+    assert "L12 · head 24" in svg and "L2 · head 3" in svg and "L2 · head 4" not in svg  # each layer's own heads
+    run = _command(swin_folder, "qk", photo, "--layer", "12", "--head", "24", "--json", str(tmp_path / "qk.json"))
+    assert run.returncode == 0, run.stderr
+    assert len(json.loads((tmp_path / "qk.json").read_text())["points"]) == 2 * 49  # stage 4: one 7 × 7 window
+    run = _command(swin_folder, "qk", photo, "--layer", "2", "--head", "1", "--json", str(tmp_path / "qk2.json"))
+    assert run.returncode == 2 and "Traceback" not in run.stderr and not (tmp_path / "qk2.json").exists()
+    assert run.stderr.strip().splitlines() == [
+        "error: layer 2 attends inside 64 windows of 49 tokens, so its queries and keys are not one set of points that "
+        "attend to each other; the Q/K map needs a layer with global attention (this model's layers 11, 12 have)"]
+    run = _command(swin_folder, "faithfulness", photo, "--fill", "mean", "--ablation", "--random", "2",
+                   "--json", str(tmp_path / "f.json"), "--quiet")
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    record = json.loads((tmp_path / "f.json").read_text())
+    assert [len(row) for row in record["ablation"]] == [3, 3, 6, 6, 12, 12, 12, 12, 12, 12, 24, 24]
+    assert [len(row) for row in record["head_entropy"]] == [3, 3, 6, 6, 12, 12, 12, 12, 12, 12, 24, 24]
+    assert record["num_patches"] == 56 * 56 and "attention rollout" in [m["name"] for m in record["maps"]]
+    run = _command(swin_folder, "faithfulness", photo, "--fill", "token", "--json", str(tmp_path / "t.json"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "is a timm Swin model" in run.stderr
+    run = _export(swin_folder, tmp_path / "out", "--html", "--rollout")
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert (tmp_path / "out" / "cat.html").is_file()
+
+
+STAGED_KINDS = [  # one model of each layout kind, random weights (tests/test_zoo.py checks their numbers)
+    "swin_tiny_patch4_window7_224",  # windows, shifted; four grids
+    "cait_xxs24_224",  # talking heads, then class attention: the class token the only query
+    "levit_128s",  # pooled queries and keys; heads that meet in no Linear
+    "pvt_v2_b0",  # keys on a coarser grid
+]
+
+
+@pytest.mark.parametrize("name", STAGED_KINDS)
+def test_every_view_opens_by_link_on_each_layout_kind(name, tmp_path, monkeypatch):
+    """/?model=ckpt:…&view=V at the first and the last layer: the view draws, or says in one sentence (an info box)
+    what that layer lacks; never an exception or an error box."""
+    from attnviz_app import views
+
+    torch.manual_seed(0)
+    network = timm.create_model(name, pretrained=False, num_classes=3)
+    save_file(network.state_dict(), str(tmp_path / f"{name}--small.safetensors"))
+    for env in (serving.ENV_DOWNLOADS, serving.ENV_MAX_PARAMS, serving.ENV_HEAVY_JOBS):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv(serving.ENV_CHECKPOINTS, str(tmp_path))
+    layers = attnviz.wrap(network.eval(), name, "random init", 224).depth
+    drawn = {}
+    for view in views.registered():
+        for layer in (1, layers):
+            at = AppTest.from_file(APP, default_timeout=300)
+            at.query_params.update({"model": f"ckpt:{name}--small.safetensors", "view": view, "layer": str(layer),
+                                    "lang": "en"})
+            at.run()
+            assert not at.exception and not at.error, (view, layer, [e.value for e in at.exception],
+                                                         [e.value for e in at.error])
+            assert at.selectbox(key="view").value == view and at.selectbox(key="model_choice").value.startswith("ckpt:")
+            drawn[view, layer] = (len(at.get("image")) + len(at.get("vega_lite_chart")) + len(at.info)
+                                  + len(at.subheader) + len(at.get("button")))
+    assert all(drawn.values()), [k for k, v in drawn.items() if not v]  # something drawn or said each time
