@@ -16,7 +16,7 @@ computed from the image (put by the adapter after the pass), talking heads (an (
 heads' logits before the softmax) and a gated blend with weights fixed by the model (ConViT's gated
 positional self-attention: per head h, normalise((1 − g_h) · softmax(content logits) + g_h · P_h), the
 gate g (H,) and the positional weights P (W, H, Tq, Tk) computed once at wrap time, ``blend``). Where a
-layer has a blend, its two parts are there on request (:meth:`StagedCapture.part_weights`).
+layer has a blend, its two parts are there on request (:meth:`attnviz.Capture.part_weights`).
 
 Every model's capture is made of these layouts (:class:`~attnviz.capture.Capture`): a plain ViT's
 layer is one stage's block with one window of every token (W = 1), the prefix tokens first; Swin's

@@ -11,7 +11,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 import attnviz
-from attnviz_app import heavy, ui
+from attnviz_app import views, heavy, ui
 from conftest import APP
 
 
@@ -26,7 +26,7 @@ def alive_pictures(min_pixels: int = 400 * 400) -> list[Image.Image]:
     return [o for o in gc.get_objects() if isinstance(o, Image.Image) and o.width * o.height >= min_pixels]
 
 
-@pytest.mark.parametrize("view", ["cls", "matrix", "query", "rollout", "qkmap", "heads", "mask"])
+@pytest.mark.parametrize("view", list(views.registered()))  # every view the registry finds, a new one too
 def test_a_finished_run_leaves_no_capture_but_the_caches(view):
     ui.cached_capture.clear()
     before = {id(c) for c in alive_captures()}  # other tests' captures (session fixtures) are not the page's

@@ -18,7 +18,7 @@ softmax(q · kᵀ · d_k^−½) on timm's fused SDPA path. Those layers are one 
 token 0 (``windows`` [[0]]) and whose keys are all tokens, class token first; their summary map is the
 class token's row. q and k are read at the outputs of ``q`` and ``k``.
 
-The capture is a :class:`attnviz.stages.StagedCapture` of two stages on one grid: stage 0 the
+The capture is a :class:`attnviz.Capture` with its own layouts of two stages on one grid: stage 0 the
 talking-heads layers over the patches, stage 1 the class-attention layers.
 """
 from __future__ import annotations

@@ -12,12 +12,12 @@ with r the relative position (δx, δy, δx² + δy²) of every query and key pa
 positional softmax and the gate depend only on the weights and the grid: they are computed once, when the
 network is wrapped (``window_blend``), with the module's own ``get_rel_indices`` and ``pos_proj``. q and k
 are read at the output of ``qk``. A GPSA layer's two parts are there on request
-(:meth:`attnviz.stages.StagedCapture.part_weights`: ``"content"``, ``"positional"``).
+(:meth:`attnviz.Capture.part_weights`: ``"content"``, ``"positional"``).
 
 Then the class token is put before the patches and the later blocks (``MHSA``) attend over every token,
 softmax(q · kᵀ · d_k^−½) (eager in timm: ConViT has no fused path), q and k read at ``qkv``'s output.
 
-The capture is a :class:`attnviz.stages.StagedCapture` of two stages on one grid: stage 0 the GPSA layers
+The capture is a :class:`attnviz.Capture` with its own layouts of two stages on one grid: stage 0 the GPSA layers
 (patches only), stage 1 the MHSA layers (class token first, its row their summary map).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ cat(projected class token of branch i, the patches of branch j = 1 − i): its o
 (``wq`` of token 0), its keys are that token and branch j's patches (``wk``), softmax((q · kᵀ) · d_k^−½)
 computed eagerly. q and k are read at the outputs of ``wq`` and ``wk``.
 
-The capture is a :class:`attnviz.stages.StagedCapture` with one stage per branch, each at its branch's
+The capture is a :class:`attnviz.Capture` with its own layouts with one stage per branch, each at its branch's
 grid: stage i holds, multi-scale block after multi-scale block, branch i's self-attention layers (one
 window of every token, the class token first) and then the cross-attention of branch i's class token
 (``windows`` [[0]]; keys the class token and branch j's patches on branch j's grid: ``key_grid``,

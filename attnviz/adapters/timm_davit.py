@@ -10,7 +10,7 @@ attnviz does not read it; the page says so in one sentence (``unread``).
 
 A grid that does not divide into windows is padded with tokens that are not in the photo (and the stem
 and downsampling pad odd sizes): attnviz refuses such sizes. The capture is a
-:class:`attnviz.stages.StagedCapture`: layer l = (stage, spatial block), one grid per stage; a block's
+:class:`attnviz.Capture` with its own layouts: layer l = (stage, spatial block), one grid per stage; a block's
 output is NCHW (``channels_first``).
 """
 from __future__ import annotations

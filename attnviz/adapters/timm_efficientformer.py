@@ -13,7 +13,7 @@ output of ``qkv``, laid out per head as [q (d_k) | k (d_k) | v (attn_ratio · d_
 the weights, so it is taken once at wrap time with the module's own index. The bias table is fixed to
 its grid, so the model takes only the input size that gives it (224 px for every timm member).
 
-The capture is a :class:`attnviz.stages.StagedCapture`: one layer per Meta3D block, all on the last
+The capture is a :class:`attnviz.Capture` with its own layouts: one layer per Meta3D block, all on the last
 stage's grid (the layers are only the attention blocks; the pooling blocks before them have none).
 """
 from __future__ import annotations

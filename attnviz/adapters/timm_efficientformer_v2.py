@@ -21,7 +21,7 @@ the full one.
 
 q and k are the outputs of the ``q`` and ``k`` modules (1 × 1 convolutions with a BatchNorm, NCHW),
 each head's ``key_dim`` channels side by side; the bias and the mix depend only on the weights and
-are computed once at wrap time. The capture is a :class:`attnviz.stages.StagedCapture`: layer l =
+are computed once at wrap time. The capture is a :class:`attnviz.Capture` with its own layouts: layer l =
 (stage, block), the stage as timm numbers it (0-based: 2 and 3), the block counted among the stage's
 attention layers (stage 4's ``Attention2dDownsample`` is its block 0).
 """

@@ -17,7 +17,7 @@ copied into every window. GC ViT has only an eager path (no SDPA), so the captur
 
 The global query's grid is fixed when the model is built (the number of poolings follows the built size),
 so a model is read at the size it was built for only. The capture is a
-:class:`attnviz.stages.StagedCapture`: layer l = (stage, block).
+:class:`attnviz.Capture` with its own layouts: layer l = (stage, block).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ projection (the fused SDPA path uses the same q and k) and the queries pooled th
 ``amax``, which picks values and so is exact. A block's output is put back in raster order before its
 token norms are kept.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block), the stage that the block
+The capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, block), the stage that the block
 belongs to in timm's ``stages`` (the first block of a stage is the pooling one).
 """
 from __future__ import annotations

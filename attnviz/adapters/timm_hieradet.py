@@ -19,7 +19,7 @@ Sizes: the model pads a grid that does not divide into its windows with tokens t
 photo; attnviz refuses such a size in one sentence (SAM 2's 1024 px does: a 64 × 64 stage in 14 × 14
 windows). ``sam2_hiera_tiny`` and ``_small`` at their 896 px, and at 224 px, divide at every stage.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block), the stage that the block
+The capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, block), the stage that the block
 belongs to in timm's ``stages`` (the first block of a stage is the pooling one).
 """
 from __future__ import annotations

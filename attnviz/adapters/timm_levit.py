@@ -13,7 +13,7 @@ LeViT has no fused path: q and k are read at the output of the modules that make
 ``q`` and ``kv``), each head's q, k (and v) side by side in one projection. The bias depends only on the
 weights and the grid, so it is taken once at wrap time, with the module's own index buffer.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block), the stage as timm
+The capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, block), the stage as timm
 numbers it (0-based), the block counted among the stage's attention layers (a downsampling stage's
 ``AttentionDownsample`` is its block 0).
 """

@@ -20,7 +20,7 @@ transformer blocks (``TransformerBlock2d``, NCHW ``Attention2d``) that attend ov
 grid with a relative-position bias built for that grid: one window of all the tokens (W = 1), the first block
 of a stage on the grid its pooled input has (the stage's grid). The experimental parallel block
 (``ParallelMaxxVitBlock``: block and grid attention side by side, concatenated) is refused in one sentence. The
-capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, attention layer within the stage), for
+capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, attention layer within the stage), for
 MaxViT block attention and grid attention alternating.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ w (g = R²) each key is a 1 × R² strip of one token row, and the grid is exact
 wraps onto the next token row of its band, and its column on the key grid is only where its run starts
 and ends in raster order (at 224 px: 16-token runs of a 28-wide grid, 4-token runs of a 14-wide grid).
 
-The capture is a :class:`attnviz.stages.StagedCapture`: one layer per NTB, (stage, block) its place
+The capture is a :class:`attnviz.Capture` with its own layouts: one layer per NTB, (stage, block) its place
 among all the stage's blocks; the convolution blocks have no attention and are not layers.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ kernel and stride R (the stage's ``sr_ratio``), then a LayerNorm, to an (h / R) 
 (then a 1 × 1 convolution, LayerNorm and GELU). The weights are softmax(q · kᵀ · d_k^−½), with q read
 at the output of ``q`` and k at the first half of the output of ``kv``: the tensors SDPA is given.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block), each with its query
+The capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, block), each with its query
 grid and the grid of its reduced keys (``key_grid``).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ channels first. The network is convolutional and takes any size that is a multip
 stem; where a stage's stride-2 convolution meets an odd grid (7 × 7 at 224 px) it gives ⌈h / 2⌉ cells,
 each centred on a cell of the grid before (no cell made of padding alone).
 
-The capture is a :class:`attnviz.stages.StagedCapture`: one layer per attention block, at its stage's grid.
+The capture is a :class:`attnviz.Capture` with its own layouts: one layer per attention block, at its stage's grid.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ projection (the fused SDPA path uses the same q and k); Swin V2 projects with ``
 module, so a pre-hook reads the attention's windowed input and the q and k rows are projected after
 the pass (two thirds of the model's own qkv projection again: its capture costs more than Swin's), then q̂ · τ_h and k̂ are stored (with scale 1) so the logits are the cosine ones.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block), one grid per stage.
+The capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, block), one grid per stage.
 """
 from __future__ import annotations
 

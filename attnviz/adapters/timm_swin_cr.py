@@ -17,7 +17,7 @@ computes this softmax eagerly); after the pass they are normalised as the model 
 q̂ · τ_h and k̂ are stored (with scale 1) so the logits are the cosine ones.
 
 Blocks work on (B, H, W, C) maps, so a block's output is read as tokens in raster order directly.
-The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block), one grid per stage.
+The capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, block), one grid per stage.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ The outer attention is one window of every token, the class token first (``prefi
 grid. Both are ``tnt.Attention``: softmax((q · kᵀ) · d_k^−½) with q, k the two halves of ``qk``'s output,
 computed eagerly (the module has no fused path). q and k are read at ``qk``'s output.
 
-The capture is a :class:`attnviz.stages.StagedCapture` in the model's order of softmaxes, two layers per
+The capture is a :class:`attnviz.Capture` with its own layouts in the model's order of softmaxes, two layers per
 TNT block: layer 2b is (stage 0, block b), block b's inner attention on the fine pixel grid; layer 2b + 1
 is (stage 1, block b), its outer attention on the patch grid. Stage 0's summary map is the attention each
 pixel receives inside its patch; stage 1's is the class token's row. Token norms: the pixel tokens after

@@ -10,7 +10,7 @@ Transformers"): four stages of attention over a shrinking token grid.
 The weights are softmax(q · kᵀ · d_k^−½). LSA's q and k are read at the output of ``qkv`` (applied to
 the windows the module cut); GSA's q at ``q`` and k at the first half of ``kv``: the tensors SDPA is given.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: layer l = (stage, block); an LSA layer has the
+The capture is a :class:`attnviz.Capture` with its own layouts: layer l = (stage, block); an LSA layer has the
 windows of its grid, a GSA layer one window with its keys on the reduced grid.
 """
 from __future__ import annotations

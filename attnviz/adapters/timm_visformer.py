@@ -9,7 +9,7 @@ So q and k are read at the output of ``qkv``. Blocks whose ``attn`` is disabled 
 every timm member) have no attention and are not layers. The blocks' outputs are (1, C, h, w), read
 channels first. The position embeddings are fixed to the built size, so the model takes only that size.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: one layer per attention block, at its stage's grid.
+The capture is a :class:`attnviz.Capture` with its own layouts: one layer per attention block, at its stage's grid.
 """
 from __future__ import annotations
 

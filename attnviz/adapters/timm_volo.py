@@ -14,7 +14,7 @@ update a class token: it is the one query, q = W_q x_cls, over the keys W_k x of
 every patch (``kv``'s first half), softmax(q · d_k^−½ · kᵀ), computed eagerly by timm. Those layers are
 one window whose one query is token 0 and whose keys are all tokens, class token first.
 
-The capture is a :class:`attnviz.stages.StagedCapture`: one stage per ``Transformer`` stage, then one of
+The capture is a :class:`attnviz.Capture` with its own layouts: one stage per ``Transformer`` stage, then one of
 the class-attention layers, all on the downsampled grid (16 px tokens). Its position embedding is
 learned for the grid the model was built for, so that size is the only one it takes.
 """

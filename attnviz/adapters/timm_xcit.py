@@ -14,7 +14,7 @@ softmax(q · kᵀ · d_k^−½), on timm's fused SDPA path. Those layers are one
 token 0 and whose keys are all tokens, class token first (as CaiT's class attention,
 :mod:`.timm_cait`); q and k are read at the outputs of ``q`` and ``k``.
 
-The capture is a :class:`attnviz.stages.StagedCapture` of one stage: the class-attention layers on the
+The capture is a :class:`attnviz.Capture` with its own layouts of one stage: the class-attention layers on the
 patch grid. XCiT takes any input whose side is a multiple of its patch (its Fourier position encoding
 and convolutions follow the grid).
 """

@@ -18,10 +18,11 @@ def step(key: str, options: list, by: int, default) -> None:
     st.session_state[key] = options[(options.index(now) + by) % len(options)] if now in options else default
 
 
-def _keep_head(heads_at) -> None:
-    """Layer callback: a head the new layer lacks (a Swin's stage 1 has 3, its stage 4 has 24) becomes the mean."""
+def _keep_head(heads: tuple[int, ...]) -> None:
+    """Layer callback: a head the new layer lacks (a Swin's stage 1 has 3, its stage 4 has 24) becomes the mean.
+    ``heads``: each layer's head count (numbers: a widget's callback outlives the run, a capture must not)."""
     head = st.session_state.get("head", "mean")
-    if not isinstance(head, str) and head > heads_at(st.session_state["layer"] - 1):
+    if not isinstance(head, str) and head > heads[st.session_state["layer"] - 1]:
         st.session_state["head"] = "mean"
 
 
@@ -89,7 +90,7 @@ def page() -> None:
         if views.LAYER in used:
             ui.first_value("layer", cap.num_layers)
             layer = layer_col.slider(t("view.layer"), 1, cap.num_layers, key="layer",
-                                     on_change=_keep_head, args=(cap.heads,))
+                                     on_change=_keep_head, args=(tuple(lay.num_heads for lay in cap.layouts),))
             if len(cap.stages) > 1:  # where the layer is: its stage and block, and the grid it attends on
                 layer_col.caption(place(cap, layer - 1))
         else:
