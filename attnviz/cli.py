@@ -74,12 +74,16 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
 
 def plan(images: list[str]) -> list[tuple[str, str]]:
     """Each input with the stem of its outputs: inputs with the same stem from different folders get their
-    folder's name in front (``a/x.jpg``, ``b/x.jpg`` → ``a_x``, ``b_x``); any still alike ``stem``, ``stem_``, …"""
+    folder's name in front (``a/x.jpg``, ``b/x.jpg`` → ``a_x``, ``b_x``); any still alike (``x.gif`` and ``x.webp``
+    in one folder) ``stem``, ``stem_``, …"""
+    folders: dict[str, set[str]] = {}
+    for name in images:
+        folders.setdefault(safe_stem(name), set()).add(Path(name).parent.name)
     alike = Counter(safe_stem(name) for name in images)
     planned, used = [], set()
     for name in images:
         stem = safe_stem(name)
-        if alike[stem] > 1:
+        if alike[stem] > 1 and len(folders[stem]) == alike[stem]:  # each from its own folder: name the folder
             stem = safe_stem(f"{Path(name).parent.name}_{Path(name).name}")
         while stem in used:  # two inputs named alike must not overwrite each other
             stem += "_"

@@ -41,9 +41,10 @@ def test_export_over_the_corpus(corpus, tiny, tmp_path, monkeypatch, capsys):
         assert line.startswith(f"error: {path.name} ") and entry.matches(line), line
     written = files_under(out)
     assert len(written) == 2 * len(good)
+    stems = dict(cli.plan(paths))  # the same name from two folders: the folder's name in front
     for _, path in good:
-        stem = cli.safe_stem(path.name)
-        assert {f"{stem}.npz", f"{stem}_overlay.png"} <= written
+        stem = stems[str(path)]
+        assert stem.rstrip("_") == cli.safe_stem(path.name) and {f"{stem}.npz", f"{stem}_overlay.png"} <= written
 
 
 def test_exported_attention_equals_a_fresh_capture(corpus, tiny, tmp_path, monkeypatch):
@@ -85,7 +86,7 @@ def test_hostile_names_write_only_inside_out(tiny, tmp_path, monkeypatch, capsys
     assert code == 1
     assert err == [f"error: {tmp_path / 'missing.png'} does not exist.", f"error: {nested} is not a file."]
     assert files_under(out) == {"image.npz", "image_overlay.png", "cat.npz", "cat_overlay.png",
-                                "cat_.npz", "cat__overlay.png"}  # two cats, neither overwritten
+                                "b_cat.npz", "b_cat_overlay.png"}  # two cats, neither overwritten (b/cat.png: b_cat)
     assert files_under(tmp_path) - before == {"out", *(f"out/{f}" for f in files_under(out))}
 
 

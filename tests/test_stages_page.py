@@ -654,3 +654,35 @@ def test_every_view_opens_by_link_on_each_layout_kind(name, tmp_path, monkeypatc
             drawn[view, layer] = (len(at.get("image")) + len(at.get("vega_lite_chart")) + len(at.info)
                                   + len(at.subheader) + len(at.get("button")))
     assert all(drawn.values()), [k for k, v in drawn.items() if not v]  # something drawn or said each time
+
+
+def test_a_448_px_swin_matrix_link_builds_the_windows_blocks_not_the_whole_image(owner):
+    """/?model=ckpt:…&size=448&view=stages&stage=1&block=1&show=matrix (issue #47): stage 1 is 12544 tokens, whose
+    whole-image matrix is 3 × 12544² (1.9 GB); the page builds the first windows' blocks, at most MATRIX_CELLS
+    weights, and they are the capture's own window weights."""
+    import psutil
+
+    from attnviz_app.views import stages
+
+    process = psutil.Process()
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"model": CHOICE, "size": "448", "view": "stages", "stage": "1", "block": "1",
+                            "show": "matrix", "lang": "en"})
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    before = process.memory_info().rss
+    at.run()  # again, as every rerun of that page does: never the dense matrix
+    assert process.memory_info().rss - before < 500 * 2**20
+    assert "Shown: the first 83 of the 256 windows" in " ".join(c.value for c in at.caption)
+    model = attnviz.load_model(ARCH, 448, checkpoint=owner / f"{ARCH}--random.safetensors")
+    from attnviz.photos import sample
+    from PIL import Image
+
+    cap = attnviz.capture(model, Image.open(sample(at.selectbox(key="sample").value)))
+    count = cap.windows_that_fit(0, stages.MATRIX_CELLS)
+    blocks = cap.ordered_weights(0, "mean", count)
+    assert count == 83 and blocks.shape == (83 * 49, 83 * 49) and blocks.size <= stages.MATRIX_CELLS
+    windows = cap.window_weights(0).mean(1)  # (W, 49, 49): each window's own softmax, heads averaged
+    for w in (0, 41, 82):  # block w on the diagonal is window w; beside it, exact zeros
+        np.testing.assert_allclose(blocks[w * 49:(w + 1) * 49, w * 49:(w + 1) * 49], windows[w].numpy(), atol=1e-7)
+    assert not blocks[:49, 49:].any()

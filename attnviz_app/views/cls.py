@@ -11,9 +11,8 @@ from attnviz import offline, render, runtimes, stats
 from ..text import device_label, t
 
 from .base import ALL, Context, View, register
-from .common import described, download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
+from .common import window_lines, described, download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
 from .norms import mark_high_norm, norm_sentence
-from .stages import window_lines
 from .takeaway import downloads as take_away
 
 

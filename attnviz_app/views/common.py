@@ -265,3 +265,19 @@ def selected_points(state, name: str) -> list[dict]:
         return list(state["selection"][name] or [])
     except (KeyError, TypeError):
         return []
+
+
+WINDOW_COLOUR = (255, 255, 255)
+
+
+def window_lines(picture, cap, layer: int, token: int | None = None):
+    """``picture`` with every window of ``layer`` outlined, or only the one ``token`` attends within
+    (nothing where the layer attends globally: one window of every token)."""
+    lay = cap.layout(layer)
+    if lay.num_windows == 1:
+        return picture
+    tokens = [token] if token is not None else [int(w[0]) for w in lay.windows]
+    for tok in tokens:
+        picture = render.outline_region(picture, cap.window_mask(layer, tok), WINDOW_COLOUR,
+                                        max(1, round(picture.width / lay.keys_grid[1] / 6)) if token is None else None)
+    return picture

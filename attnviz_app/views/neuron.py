@@ -11,8 +11,7 @@ from attnviz.neuron import neuron_pair
 from ..text import listed, t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
-from .stages import window_lines
-from .common import described, clickable_picture, download_chart, enlarge, mark_patch, patch_table, selected_points, table_layer
+from .common import window_lines, described, clickable_picture, download_chart, enlarge, mark_patch, patch_table, selected_points, table_layer
 
 QUERY, KEY = "neuron_query", "neuron_key"  # (row, col) of the chosen patches
 

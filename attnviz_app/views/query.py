@@ -10,8 +10,7 @@ from attnviz import render
 from ..text import t
 
 from .base import ALL, Context, View, patch_named, register
-from .stages import window_lines
-from .common import (
+from .common import (window_lines, 
     clickable_picture, colour_scale, download_png, enlarge, head_label, head_part, mark_patch, patch_table,
     selected_points, token_label,
 )

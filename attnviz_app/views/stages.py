@@ -15,7 +15,7 @@ from attnviz.softmax import HEAD_FUSIONS
 
 from .. import links
 from ..text import listed, t
-from .common import (clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
+from .common import (window_lines, clickable_picture, colour_scale, download_file, download_png, enlarge, figure_png, head_label,
                      head_part, mark_patch, patch_table, selected_points)
 from .base import COLOURS, OPACITY, SMOOTH, Context, View, patch_named, register
 from .takeaway import files
@@ -23,20 +23,6 @@ from .takeaway import files
 CHART_KEY = "stage_query_chart"
 LINKED = ("stage", "block", "show")  # its own names in a link, beside head and query (attnviz_app/links.py)
 SHOWN = ("summary", "query", "matrix")
-WINDOW_COLOUR = (255, 255, 255)
-
-
-def window_lines(picture, cap, layer: int, token: int | None = None):
-    """``picture`` with every window of ``layer`` outlined, or only the one ``token`` attends within
-    (nothing where the layer attends globally: one window of every token)."""
-    lay = cap.layout(layer)
-    if lay.num_windows == 1:
-        return picture
-    tokens = [token] if token is not None else [int(w[0]) for w in lay.windows]
-    for tok in tokens:
-        picture = render.outline_region(picture, cap.window_mask(layer, tok), WINDOW_COLOUR,
-                                        max(1, round(picture.width / lay.keys_grid[1] / 6)) if token is None else None)
-    return picture
 
 
 def _clicked() -> None:
