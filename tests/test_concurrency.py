@@ -32,8 +32,9 @@ def hooks_on(network: torch.nn.Module) -> int:
 
 
 def installed(model: attnviz.Model) -> int:
-    """The hooks wrap() installs, once: q, k and the residual stream of every layer."""
-    return 3 * model.depth
+    """The hooks wrap() installs, once: q, k, the residual stream and the head switch (at the output
+    projection, attnviz.adapters.Tap.heads_off) of every layer."""
+    return 4 * model.depth
 
 
 def concurrently(model: attnviz.Model, pictures: list[Image.Image]) -> list[attnviz.Capture]:
@@ -112,9 +113,9 @@ def test_a_failed_forward_pass_leaves_no_capture_running(tiny, monkeypatch):
 
 
 def test_hooks_are_installed_once_per_network(tiny):
-    assert hooks_on(tiny.network) == installed(tiny) == 6
+    assert hooks_on(tiny.network) == installed(tiny) == 8
     again = attnviz.wrap(tiny.network, "again", "the same network", 32)
-    assert again.tap is tiny.tap and hooks_on(tiny.network) == 6  # wrapped twice, hooked once
+    assert again.tap is tiny.tap and hooks_on(tiny.network) == 8  # wrapped twice, hooked once
 
 
 def test_a_deep_copy_has_hooks_of_its_own(tiny):

@@ -309,16 +309,24 @@ CONFIGS = {
 }
 
 
-@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
 @pytest.mark.parametrize("case", list(CONFIGS))
-def test_a_hostile_config_is_one_sentence_in_under_a_second(case, tmp_path):
+def test_a_hostile_config_is_one_sentence(case, tmp_path):
     config, sentence = CONFIGS[case]
     folder = hf_folder(tmp_path / "folder", config)
-    start = time.perf_counter()
     with pytest.raises(ModelError) as e:
         serving.model_parameters(f"hf:{folder}")
-    assert time.perf_counter() - start < 1.0
     assert one_sentence(e.value).startswith(sentence[:40]) and sentence in str(e.value)
+
+
+@pytest.mark.slow  # a wall-clock bound: only with --slow, on a quiet machine (make test has no timing thresholds)
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_a_hostile_config_is_refused_in_under_a_second(case, tmp_path):
+    config, _ = CONFIGS[case]
+    folder = hf_folder(tmp_path / "folder", config)
+    start = time.perf_counter()
+    with pytest.raises(ModelError):
+        serving.model_parameters(f"hf:{folder}")
+    assert time.perf_counter() - start < 1.0
 
 
 def test_a_config_that_is_not_a_json_object_is_one_sentence(tmp_path):

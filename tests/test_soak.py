@@ -131,9 +131,9 @@ def test_soak(uploads, tmp_path):
           f"{probe['hooks']} on {probe['modules']} modules ({probe['layers']} wrapped layers); "
           f"new temporary files: {len(temp_after - temp_before)}; "
           f"RSS every 20 uploads: {[round(r) for r in rss[::20]]} MB")
-    # wrap() hooks q, k and the residual stream of every layer once (the default model: 12 layers); a
-    # capture adds none, so 20 or 200 uploads leave exactly those
-    assert probe["modules"] > 100 and probe["layers"] >= 12 and probe["hooks"] == 3 * probe["layers"]
+    # wrap() hooks q, k, the residual stream and the head switch of every layer once (the default model: 12
+    # layers); a capture adds none, so 20 or 200 uploads leave exactly those
+    assert probe["modules"] > 100 and probe["layers"] >= 12 and probe["hooks"] == 4 * probe["layers"]
     # what the caches may hold, plus the session's own current photo and capture
     assert 1 <= probe["captures"] <= CAPTURE_CACHE_ENTRIES + 1
     assert 1 <= probe["photos"] <= IMAGE_CACHE_ENTRIES + 1
