@@ -194,11 +194,11 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
                 page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
             pick(page, "model_choice", "Checkpoint: swin_tiny")
             page.get_by_text("Layer = stage 4, block 2", exact=False).wait_for(timeout=180_000)  # under Layer
-            pick(page, "view", "Stages and windows")  # one View box for every model: the stages are one view
-            page.get_by_text("has 4 stages, each with its own grid", exact=False).wait_for(timeout=180_000)
             if touch and page.locator("[data-testid='stSidebarCollapseButton'] button").count():
                 page.locator("[data-testid='stSidebarCollapseButton'] button").first.click()  # close it again
                 page.wait_for_timeout(500)
+            pick(page, "view", "Stages and windows")  # one View box for every model: the stages are one view
+            page.get_by_text("has 4 stages, each with its own grid", exact=False).wait_for(timeout=180_000)
             pick(page, "stage", "Stage 1 (56 × 56")
             page.get_by_text("Stage 1, block 2, mean of all heads", exact=False).wait_for(timeout=60_000)
             page.wait_for_timeout(800)

@@ -74,6 +74,7 @@ def page() -> None:
     photo = links.sample_shown()
     if "view" not in st.session_state and len(cap.stages) > 1:  # a model with stages opens on what its stages are
         st.session_state["view"] = "stages"
+        used = VIEWS["stages"].used(st.session_state)  # its own boxes: no Layer, Head or their buttons
     kept = st.session_state.get("layer", cap.num_layers)
     if not 1 <= kept <= cap.num_layers:  # a kept choice from a deeper model: start this one at its last layer
         st.session_state.pop("layer", None)

@@ -8,7 +8,7 @@ import streamlit as st
 from PIL import Image
 
 from attnviz import offline, render, runtimes, stats
-from ..text import device_label, t
+from ..text import device_label, listed, t
 
 from .base import ALL, Context, View, register
 from .common import window_lines, described, download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
@@ -17,10 +17,14 @@ from .takeaway import downloads as take_away
 
 
 def no_class_token_note(cap, layer: int) -> None:
-    """Say once, where a map would be the class token's, what is shown instead."""
+    """Say once, where a map would be the class token's, what is shown instead (inside windows, where it has them)."""
     if cap.summary_kind(layer) != "cls":
-        h, w = cap.map_grid(layer)
-        st.info(t("families.no_cls_note", p=h * w))
+        lay = cap.layout(layer)
+        if lay.num_windows > 1:
+            st.info(t("families.no_cls_note_windows", t=lay.windows.shape[1], wh=lay.window[0], ww=lay.window[1]))
+        else:
+            h, w = lay.keys_grid
+            st.info(t("families.no_cls_note", p=h * w))
 
 
 def picture_of(cap, view: Image.Image, layer: int, head, alpha: float, cmap: str, smooth: bool) -> Image.Image:
@@ -42,6 +46,9 @@ def show(ctx: Context) -> None:
     if has_row:
         title = t("view.title", layer=ctx.layer + 1, head=head_label(ctx.head))
         caption = t("view.caption", h=h, w=w)
+    elif lay.num_windows > 1:  # the mean each patch receives from the queries of its window
+        title = t("families.no_cls_title", layer=ctx.layer + 1, head=head_label(ctx.head))
+        caption = t("stages.summary_caption", t=lay.windows.shape[1], wh=lay.window[0], ww=lay.window[1])
     else:
         title = t("families.no_cls_title", layer=ctx.layer + 1, head=head_label(ctx.head))
         caption = t("families.no_cls_caption", h=h, w=w, p=patches)
@@ -65,6 +72,9 @@ def show(ctx: Context) -> None:
                             max=spread.max_entropy, layer=ctx.layer + 1, lo=heads.min(), hi=heads.max())
             elif has_row:  # it asks here, not at every layer (CaiT's class attention)
                 reading = t("view.reading_layer", layer=ctx.layer + 1, n=lay.num_keys, uniform=1 / lay.num_keys)
+            elif lay.num_windows > 1:
+                keys = lay.keys.shape[1]
+                reading = t("families.no_cls_reading_windows", t=lay.windows.shape[1], uniform=1 / keys)
             else:
                 reading = t("families.no_cls_reading_body", p=patches, uniform=1 / patches)
             sentence = norm_sentence(cap, ctx.layer)  # what this capture shows, not what models often do
@@ -94,12 +104,24 @@ def facts(ctx: Context) -> None:
     st.subheader(t("facts.header"))
     # the offline default's origin in the reader's language; other origins are names (never a server path)
     provenance = t("facts.offline_provenance") if model.provenance == offline.PROVENANCE else model.provenance
-    st.markdown(t(
-        "facts.body", name=model.public_name, provenance=provenance, size=model.size, h=h, w=w,
-        prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
-        heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
-        device=device_label(model.device), engine=engine(model),
-    ))
+    if cap.uniform:  # one grid of N tokens and one head count throughout
+        st.markdown(t(
+            "facts.body", name=model.public_name, provenance=provenance, size=model.size, h=h, w=w,
+            prefix=cap.num_prefix_tokens, patches=h * w, n=cap.num_tokens, layers=cap.num_layers,
+            heads=cap.num_heads, head_dim=model.head_dim, dim=model.embed_dim, ms=cap.seconds * 1000,
+            device=device_label(model.device), engine=engine(model),
+        ))
+    else:  # each stage its own grid and heads: say them, and the chosen layer's
+        firsts, lay = [cap.layout(s[0]) for s in cap.stages], cap.layout(ctx.layer)
+        st.markdown(t(
+            "facts.body_stages", name=model.public_name, provenance=provenance, size=model.size, h=h, w=w,
+            patches=h * w, stages=len(cap.stages), grids=listed(f"{l.grid[0]} × {l.grid[1]}" for l in firsts),
+            layers=cap.num_layers, heads=listed(dict.fromkeys(str(lay.num_heads) for lay in cap.layouts)),
+            layer=ctx.layer + 1, stage=lay.stage + 1, block=lay.block + 1, lh=lay.grid[0], lw=lay.grid[1],
+            windows=(t("view.place_windows", n=lay.num_windows, wh=lay.window[0], ww=lay.window[1])
+                     if lay.num_windows > 1 else t("view.place_global")), ms=cap.seconds * 1000,
+            device=device_label(model.device), engine=engine(model),
+        ))
     top = model.top_classes(cap.output)
     if not top:
         st.info(t("facts.no_classes"))
