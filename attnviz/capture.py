@@ -345,7 +345,7 @@ class Capture:
     def all_weights(self) -> np.ndarray:
         """(L, H, N, N) float32: every weight of a model whose layers share one token set and head count. Large:
         540 MB at 518 px for ViT-S."""
-        if not self.same_tokens(range(self.num_layers)) or len({lay.num_heads for lay in self.layouts}) > 1:  # noqa
+        if not self.same_tokens(range(self.num_layers)) or len({lay.num_heads for lay in self.layouts}) > 1:
             raise LayoutError("this model's layers differ in tokens or heads, so their weights do not stack into one "
                               "array; ask each layer for its own (layer_weights(l))")
         return np.stack([self.layer_weights(i).cpu().numpy() for i in range(self.num_layers)])
