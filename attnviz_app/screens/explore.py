@@ -120,7 +120,7 @@ def page() -> None:
             format_func=lambda v: t(f"views.{v}") + (t("classroom.classifier_only") if VIEWS[v].needs_classifier
                                                     and model.labels is None else ""),
         )
-        if not used & {views.LAYER, views.HEAD}:
+        if not used & {views.LAYER, views.HEAD} and not present:  # the projector keeps its height for the picture
             st.caption(t(VIEWS[chosen].no_layer_head))
     ctx = views.Context(
         model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,

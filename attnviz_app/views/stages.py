@@ -163,8 +163,9 @@ def show(ctx: Context) -> dict[str, str]:
     if not ctx.present:  # the presenter view keeps the projector's height for the picture: this is under it there
         st.info(intro(model, cap))
     if panel is not None:  # Stage; Block and Head side by side; Show: the join box's QR code stays on a 720 px screen
-        stage_col, row, what_col = panel.container(), panel.container(), panel.container()
-        block_col, head_col = row.columns(2)
+        first, second = panel.container(), panel.container()  # two rows: the join box's QR code stays on a 720 px screen
+        stage_col, what_col = first.columns(2)
+        block_col, head_col = second.columns(2)
     else:
         stage_col, block_col, head_col, what_col = st.columns([3, 2, 2, 3])
     stage_labels = [t("stages.stage_option", n=s + 1, h=cap.layout(stages[s][0]).grid[0], w=cap.layout(stages[s][0]).grid[1],
@@ -191,8 +192,12 @@ def show(ctx: Context) -> dict[str, str]:
         format_func=lambda h: t(f"view.head_{h}") if isinstance(h, str) else t("view.head_n", n=h))
     head = picked if isinstance(picked, str) else picked - 1
     kind = cap.summary_kind(layer)
-    what = what_col.radio(t("stages.show"), SHOWN, key="stage_show", horizontal=True,
-                          format_func=lambda w: t("stages.summary_cls" if w == "summary" and kind == "cls" else f"stages.{w}"))
+    show_label = lambda w: t("stages.summary_cls" if w == "summary" and kind == "cls" else f"stages.{w}")  # noqa: E731
+    if panel is not None:  # the projector's side panel: a box beside Stage, not three radio buttons under it
+        what = what_col.selectbox(t("stages.show"), SHOWN, key="stage_show", format_func=show_label,
+                                  placeholder=t("classroom.choose"))
+    else:
+        what = what_col.radio(t("stages.show"), SHOWN, key="stage_show", horizontal=True, format_func=show_label)
     names = dict(stage=stage + 1, block=block + 1, head=head_label(head))
     width = 358 if narrow else 560
     only_class = lay.windows.numel() == 1 and lay.class_row  # class attention: the class token is the only query
