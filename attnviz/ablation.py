@@ -26,6 +26,7 @@ from .errors import FaithfulnessError
 from .faithfulness import Measure, follow, measure_of
 from .models import Model
 from .rollout import rollout_map, rollout_refusal
+from .softmax import on_grid
 from .stages import mean_received
 from .stats import entropy as entropy_nats
 
@@ -109,13 +110,6 @@ def _spearman_finite(a: np.ndarray, b: np.ndarray) -> float:
     return spearman(a[kept], b[kept])
 
 
-def _on_grid(maps: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """(H, h, w) maps → (H, gh · gw) on the finer ``grid``: each cell the value of the map's cell over it."""
-    rows = torch.arange(grid[0]) * maps.shape[1] // grid[0]
-    cols = torch.arange(grid[1]) * maps.shape[2] // grid[1]
-    return maps[:, rows[:, None], cols[None, :]].reshape(maps.shape[0], -1)
-
-
 def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
     """(L, H) entropy in nats (as in the statistics view) of each head's class-token row over the patches
     (renormalised), and (L, H) share of that row on the rollout's top 10 % patches. Without a class token:
@@ -127,7 +121,7 @@ def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
         rolled = rollout_map(cap)
     else:  # no token set to roll out over at the last layers (pooled keys): the last layer's own map
         rolled = cap.summary_map(cap.num_layers - 1, "mean")
-    rolled = _on_grid(torch.from_numpy(np.ascontiguousarray(rolled))[None].double(), grid)[0]
+    rolled = torch.from_numpy(np.ascontiguousarray(on_grid(rolled, grid))).double().reshape(-1)
     top = np.argsort(-rolled.numpy(), kind="stable")[: max(1, int(round(TOP_SHARE * rolled.numel())))]
     entropy = np.full((cap.num_layers, cap.num_heads), np.nan)
     share = np.full_like(entropy, np.nan)
@@ -142,7 +136,7 @@ def head_statistics(cap: Capture) -> tuple[np.ndarray, np.ndarray]:
         rows = (rows / rows.sum(-1, keepdim=True)).cpu()
         heads = rows.shape[0]
         entropy[layer, :heads] = entropy_nats(rows).numpy()
-        fine = _on_grid(rows.reshape(heads, *lay.keys_grid), grid)
+        fine = on_grid(rows.reshape(heads, *lay.keys_grid), grid).reshape(heads, -1)
         share[layer, :heads] = (fine[:, top].sum(-1) / fine.sum(-1)).numpy()
     return entropy, share
 

@@ -442,30 +442,32 @@ class Capture:
         lay = self.layout(layer)
         if not self.token_norms:
             raise ValueError("this capture has no token norms (it was made before attnviz recorded them)")
-        norms = self.token_norms[layer]
         h, w = lay.grid
-        if norms is None or norms.numel() not in (h * w, lay.prefix + h * w):
+        if layer not in self.norm_layers():
             raise LayoutError(f"the tokens after layer {layer + 1} are not its {h} × {w} grid, so their norms "
                               "are not drawn on it")
-        norms = norms[-h * w:].double()  # (P,): the grid's cells, after any prefix tokens
+        norms = self.token_norms[layer][-h * w:].double()  # (P,): the grid's cells, after any prefix tokens
         return patch_grid((norms / norms.median()).cpu().numpy(), lay.grid, 0)
 
     def high_norm(self, layer: int, ratio: float = HIGH_NORM_RATIO) -> np.ndarray:
         """(h, w) bool: patches whose norm after ``layer`` exceeds ``ratio`` × the median patch norm."""
         return self.norm_ratio(layer) > ratio
 
-    def high_norm_layers(self, ratio: float = HIGH_NORM_RATIO) -> list[int]:
-        """The layers (0-based) after which at least one patch token is high-norm."""
+    def norm_layers(self) -> list[int]:
+        """The layers (0-based) whose output tokens are their grid's cells (after any prefix tokens): where
+        :meth:`norm_ratio` lays the norms on the grid. Every layer of a plain ViT; none without token norms."""
         if not self.token_norms:
             return []
         found = []
-        for layer in range(self.num_layers):
-            try:
-                if self.high_norm(layer, ratio).any():
-                    found.append(layer)
-            except LayoutError:
-                continue
+        for layer, (lay, norms) in enumerate(zip(self.layouts, self.token_norms)):
+            h, w = lay.grid
+            if norms is not None and norms.numel() in (h * w, lay.prefix + h * w):
+                found.append(layer)
         return found
+
+    def high_norm_layers(self, ratio: float = HIGH_NORM_RATIO) -> list[int]:
+        """The layers (0-based) after which at least one patch token is high-norm."""
+        return [layer for layer in self.norm_layers() if self.high_norm(layer, ratio).any()]
 
 
 def _check_input(model: Model, x) -> None:

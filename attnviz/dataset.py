@@ -59,9 +59,8 @@ from .capture import Capture, capture
 from .images import MAX_BYTES as MAX_PHOTO_BYTES
 from .images import ImageError
 from .photos import read_photo
-from .masks import DEFAULT_MASS
 from .models import Fit, Model, load_model
-from .stage_stats import head_values as layer_head_values
+from .stage_stats import head_values  # the per-head columns: each layer at its own grids
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 TABLES = ("heads", "images", "errors")
@@ -160,12 +159,6 @@ def read_items(paths: Sequence[str]) -> list[tuple[str, bytes | RunFileError]]:
 
 
 # --- The per-batch function ---------------------------------------------------------------------
-
-def head_values(cap: Capture, mass: float = DEFAULT_MASS) -> dict[str, np.ndarray]:
-    """Per (layer, head), flattened in that order: the statistics of one image's capture, each (Σ_l H_l,): each
-    layer at its own grids with its own heads (:mod:`attnviz.stage_stats`)."""
-    return layer_head_values(cap, mass)
-
 
 def _error_record(path: str, digest: str | None, key: str, message: str, values: dict) -> dict:
     return {"path": path, "digest": digest, "error_key": key, "error": message,

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 import attnviz.i18n as i18n
 import attnviz.interventions as interventions
 from .capture import Capture, Head
-from .errors import FaithfulnessError, LayoutError, RelevanceError
+from .softmax import on_grid
+from .errors import FaithfulnessError, RelevanceError
 from .lesson import fill_image, remove_patches
 from .models import Model
 from .rollout import rollout_map, rollout_refusal
@@ -63,10 +64,8 @@ def rank(grid_map: np.ndarray, grid: tuple[int, int] | None = None) -> np.ndarra
     removed, the photo's), a map on a coarser grid (a later stage's) first gives each patch the value of the
     map's cell that covers it."""
     grid_map = np.asarray(grid_map, dtype=np.float64)
-    if grid is not None and grid_map.shape != tuple(grid):
-        rows = np.arange(grid[0]) * grid_map.shape[0] // grid[0]  # the cell over each patch row
-        cols = np.arange(grid[1]) * grid_map.shape[1] // grid[1]
-        grid_map = grid_map[rows[:, None], cols[None, :]]
+    if grid is not None:
+        grid_map = on_grid(grid_map, grid)
     return np.argsort(-grid_map.ravel(), kind="stable")
 
 
@@ -122,15 +121,8 @@ def map_count(model: Model, cap: Capture, *, heads: bool = False, random_orders:
 
 
 def norm_layer(cap: Capture) -> int | None:
-    """The last layer whose output tokens lie on its grid (their norms rank the patches), or None."""
-    if not cap.token_norms:
-        return None
-    last = cap.num_layers - 1
-    try:
-        cap.norm_ratio(last)
-    except LayoutError:
-        return None
-    return last
+    """The last layer, where its output tokens lie on its grid (their norms rank the patches), or None."""
+    return cap.num_layers - 1 if cap.num_layers - 1 in cap.norm_layers() else None
 
 
 def planned_inputs(maps: int, steps: int = STEPS) -> int:

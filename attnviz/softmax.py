@@ -50,3 +50,12 @@ def patch_grid(row: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int) -
     if patches.shape[0] != h * w:
         raise ValueError(f"{patches.shape[0]} patch tokens do not fill a {h} × {w} grid")
     return patches.reshape(h, w)
+
+
+def on_grid(values, grid: tuple[int, int]):
+    """(..., h, w) map (NumPy or torch) → (..., gh, gw) on the finer ``grid``: each cell takes the value of the
+    map's cell over it (a later stage's coarser grid laid on the photo's patches)."""
+    h, w = values.shape[-2:]
+    rows = np.arange(grid[0]) * h // grid[0]
+    cols = np.arange(grid[1]) * w // grid[1]
+    return values[..., rows[:, None], cols[None, :]]

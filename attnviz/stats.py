@@ -24,6 +24,7 @@ import torch
 
 from .capture import Capture
 from .errors import LayoutError
+from .stages import LayerLayout, global_layout
 
 
 @dataclass(frozen=True)
@@ -120,14 +121,29 @@ def patch_centres(grid: tuple[int, int], patch_px: float) -> torch.Tensor:
 def mean_distance(
     weights: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int, patch_px: float
 ) -> torch.Tensor:
-    """(H, N, N) weights of one global layer → (H,) mean attention distance in pixels (for a layer with windows
-    or pooled keys, :func:`layer_head_stats` measures it at the layer's own grids)."""
-    p = num_prefix_tokens
-    centres = patch_centres(grid, patch_px).to(weights.device)
-    dist = torch.cdist(centres, centres).to(weights.dtype)  # (P, P) pixels between patch centres
-    patch = weights[:, p:, p:]  # (H, P, P): patch queries → patch keys
+    """(H, N, N) weights of one global layer → (H,) mean attention distance in pixels: :func:`window_distance`
+    with one window of every token."""
+    lay = global_layout(0, grid, int(patch_px), weights.shape[0], 1, 1.0, num_prefix_tokens, False)
+    size = (grid[0] * patch_px, grid[1] * patch_px)
+    return window_distance(weights[:, None], lay, size)
+
+
+def window_distance(rows: torch.Tensor, lay: LayerLayout, size: tuple[float, float]) -> torch.Tensor:
+    """(H, W, Tq, Tk) window weights of a layer laid out as ``lay`` → (H,) mean attention distance in pixels of a
+    ``size`` (height, width) input: for every query that is a grid cell, its weights over the key cells,
+    re-normalised, against the distance from its cell centre to each key's (queries on the layer's grid, keys on
+    its keys' grid), averaged over those queries; NaN where no grid cell asks."""
+    key_cell = (lay.keys - lay.num_key_prefix).to(rows.device)  # (W, Tk): the key's cell on the keys' grid, < 0: prefix
+    query_cell = (lay.windows - lay.prefix).to(rows.device)  # (W, Tq): the same for the queries, on the layer's grid
+    asking = query_cell >= 0  # (W, Tq): queries that are grid cells
+    if not asking.any():
+        return torch.full((rows.shape[0],), float("nan"), dtype=rows.dtype, device=rows.device)
+    queries = cell_centres(lay.grid, size).to(rows.device)[query_cell.clamp(min=0)]  # (W, Tq, 2)
+    keys = cell_centres(lay.keys_grid, size).to(rows.device)[key_cell.clamp(min=0)]  # (W, Tk, 2)
+    dist = torch.cdist(queries, keys).to(rows.dtype)  # (W, Tq, Tk) pixels between cell centres
+    patch = rows * (key_cell >= 0)[None, :, None, :].to(rows.dtype)  # weights on key cells only
     patch = patch / patch.sum(-1, keepdim=True).clamp_min(1e-30)
-    return (patch * dist).sum(-1).mean(-1)  # (H,)
+    return (patch * dist).sum(-1)[:, asking].mean(-1)  # (H,)
 
 
 def layer_head_stats(cap: Capture, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -149,15 +165,7 @@ def layer_head_stats(cap: Capture, layer: int) -> tuple[torch.Tensor, torch.Tens
         ent, share = entropy(rows)[:, asking].mean(-1), to_prefix[:, asking].mean(-1)
     else:
         ent, share = entropy(rows).reshape(heads, -1).mean(-1), to_prefix.reshape(heads, -1).mean(-1)
-    size = tuple(cap.input.shape[-2:])
-    queries = cell_centres(lay.grid, size).to(rows.device)[query_cell.clamp(min=0)]  # (W, Tq, 2)
-    keys = cell_centres(lay.keys_grid, size).to(rows.device)[key_cell.clamp(min=0)]  # (W, Tk, 2)
-    dist = torch.cdist(queries, keys).to(rows.dtype)  # (W, Tq, Tk) pixels between cell centres
-    patch = rows * (key_cell >= 0)[None, :, None, :].to(rows.dtype)  # weights on key cells only
-    patch = patch / patch.sum(-1, keepdim=True).clamp_min(1e-30)
-    per_query = (patch * dist).sum(-1)  # (H, W, Tq)
-    distance = per_query[:, asking].mean(-1) if asking.any() else torch.full((heads,), float("nan"))
-    return ent, distance, share
+    return ent, window_distance(rows, lay, tuple(cap.input.shape[-2:])), share
 
 
 def head_stats(cap: Capture) -> HeadStats:

@@ -14,7 +14,6 @@ from PIL import Image
 
 from attnviz import render
 from attnviz.capture import HIGH_NORM_RATIO, Capture
-from attnviz.errors import LayoutError
 from ..text import listed, t
 
 from .base import COLOURS, Context, LAYER, OPACITY, SMOOTH, View, register
@@ -27,10 +26,9 @@ def mark_high_norm(picture: Image.Image, cap: Capture, layer: int) -> Image.Imag
     """``picture`` (the enlarged overlay) with a magenta frame round each high-norm patch after ``layer``."""
     if not cap.token_norms:
         return picture
-    try:
-        high = cap.high_norm(layer)
-    except LayoutError:  # the tokens after this layer are not its grid's cells
+    if layer not in cap.norm_layers():  # the tokens after this layer are not its grid's cells
         return picture
+    high = cap.high_norm(layer)
     cells = [(int(r), int(c), HIGH_NORM_COLOUR) for r, c in np.argwhere(high)]
     if not cells:
         return picture
@@ -41,7 +39,7 @@ def mark_high_norm(picture: Image.Image, cap: Capture, layer: int) -> Image.Imag
 
 def norm_sentence(cap: Capture, layer: int) -> str | None:
     """What this capture shows about high-norm tokens, for the reading notes of a map of ``layer``."""
-    if not cap.token_norms or layer not in drawn_layers(cap):
+    if not cap.token_norms or layer not in cap.norm_layers():
         return None
     ratios = cap.norm_ratio(layer)
     if (ratios > HIGH_NORM_RATIO).any():
@@ -51,28 +49,16 @@ def norm_sentence(cap: Capture, layer: int) -> str | None:
     if layers:
         return t("families.high_norm_elsewhere", layer=layer + 1, top=float(ratios.max()), ratio=HIGH_NORM_RATIO,
                  layers=listed(i + 1 for i in layers))
-    layers = drawn_layers(cap)
+    layers = cap.norm_layers()
     tops = [float(cap.norm_ratio(i).max()) for i in layers]
     worst = layers[int(np.argmax(tops))]
     return t("families.high_norm_none", ratio=HIGH_NORM_RATIO, top=max(tops), layer=worst + 1)
 
 
-def drawn_layers(cap: Capture) -> list[int]:
-    """The layers whose output tokens are their grid's cells (and prefix tokens): their norms lie on the grid."""
-    drawn = []
-    for layer in range(cap.num_layers):
-        try:
-            cap.norm_ratio(layer)
-        except LayoutError:
-            continue
-        drawn.append(layer)
-    return drawn
-
-
 def by_layer(cap: Capture) -> pd.DataFrame:
     """Long form: per layer (1-based), the largest patch norm and the 99th percentile, ÷ the median."""
     rows = []
-    for layer in drawn_layers(cap):
+    for layer in cap.norm_layers():
         ratios = cap.norm_ratio(layer).ravel()
         rows.append({"layer": layer + 1, "series": t("families.norms_max"), "ratio": float(ratios.max())})
         rows.append({"layer": layer + 1, "series": t("families.norms_p99"), "ratio": float(np.percentile(ratios, 99))})
@@ -84,7 +70,7 @@ def show(ctx: Context) -> None:
     if not cap.token_norms:
         st.info(t("families.norms_unavailable"))
         return
-    layers = drawn_layers(cap)
+    layers = cap.norm_layers()
     ratios = [float(cap.norm_ratio(layer).max()) for layer in layers]  # this capture's longest patch
     top = layers[int(np.argmax(ratios))]
     st.markdown(t("families.norms_explain", ratio=HIGH_NORM_RATIO, top=max(ratios), layer=top + 1))
@@ -152,7 +138,7 @@ def needs(ctx: Context) -> str | None:
     cap = ctx.cap
     if not cap.token_norms:
         return None  # show() says the capture has none
-    if ctx.layer in (layers := drawn_layers(cap)):
+    if ctx.layer in (layers := cap.norm_layers()):
         return None
     return t("families.norms_not_grid", layer=ctx.layer + 1,
              layers=listed(i + 1 for i in layers[:6]) + ("…" if len(layers) > 6 else "") if layers else "—")
