@@ -134,30 +134,35 @@ BEHAVIOUR_JS = """
 """
 
 # Once this run is over (Streamlit has then removed the previous view's pictures; its app element's
-# data-test-script-state says "notRunning"), every 100 ms for up to 20 s: the function ``scroll`` until it returns
-# true. ``window.__attnvizAfterRuns`` counts the scripts that have not yet tried once after their run: the browser
-# tests wait for it to be 0 (tests/serve.py: settle).
+# data-test-script-state says "notRunning"), every 100 ms for up to 20 s: the function ``scroll``, which answers true
+# (scrolled), false (not yet: a picture is still loading) or null (nothing to scroll to). After its first true it is
+# called for another ``HOLD_MS``, so that a picture or chart laid out late above the target does not push it off the
+# screen again; the visitor's own wheel, touch, key or click ends that at once. ``window.__attnvizAfterRuns`` counts
+# the scripts that have not yet scrolled or given up: the browser tests wait for it to be 0 (tests/serve.py: settle).
+HOLD_MS = 1500
 AFTER_RUN_JS = """
 <script>
 (() => {
   const scroll = %(scroll)s;
   const started = Date.now();
-  let tried = false;
+  let pending = true, scrolledAt = null, visitor = false;
   window.__attnvizAfterRuns = (window.__attnvizAfterRuns || 0) + 1;
-  const attempt = () => {
-    const state = document.querySelector("[data-test-script-state]")?.dataset.testScriptState;
-    if (Date.now() - started < 300 || state !== "notRunning") return false;
-    const scrolled = scroll();
-    if (!tried) window.__attnvizAfterRuns -= 1;
-    tried = true;
-    return scrolled;
-  };
+  const settled = () => { if (pending) window.__attnvizAfterRuns -= 1; pending = false; };
+  const mine = () => { visitor = true; };
+  const inputs = ["wheel", "touchstart", "keydown", "pointerdown"];
+  inputs.forEach((type) => window.addEventListener(type, mine, {capture: true, passive: true}));
   const timer = setInterval(() => {
-    if (Date.now() - started > 20000) {
-      if (!tried) window.__attnvizAfterRuns -= 1;
-      return clearInterval(timer);
+    const now = Date.now();
+    const state = document.querySelector("[data-test-script-state]")?.dataset.testScriptState;
+    const over = visitor || now - started > 20000 || (scrolledAt !== null && now - scrolledAt > %(hold)d);
+    if (!over && (now - started < 300 || state !== "notRunning")) return;
+    const answer = over ? null : scroll();
+    if (answer === true && scrolledAt === null) { scrolledAt = now; settled(); }
+    if (answer === null || over) {
+      settled();
+      clearInterval(timer);
+      inputs.forEach((type) => window.removeEventListener(type, mine, {capture: true}));
     }
-    if (attempt()) clearInterval(timer);
   }, 100);
 })(/* %(token)s */);
 </script>
@@ -170,7 +175,8 @@ SCROLL_TO_PICTURE = """() => {
     const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")] : [];
     const sized = pictures.filter((p) => !p.closest('[data-stale="true"]'))
       .map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
-    if (!sized.length || sized.some(([p]) => p.complete === false)) return false;
+    if (!sized.length) return box ? null : false;
+    if (sized.some(([p]) => p.complete === false)) return false;
     const tallest = Math.max(...sized.map(([p, h]) => h));
     const [picture] = sized.find(([p, h]) => h >= tallest / 2);
     picture.scrollIntoView({block: "nearest", behavior: "instant"});
@@ -181,7 +187,8 @@ SCROLL_TO_PICTURE = """() => {
 # that step, not the title two screens above it), and a chosen tab inside it into view sideways.
 SCROLL_TO_TOP = """() => {
     const element = document.querySelector('%(selector)s');
-    if (!element || ![...document.images].every((i) => i.complete)) return false;  // a picture above may still move it
+    if (!element) return null;
+    if (![...document.images].every((i) => i.complete)) return false;  // a picture above may still move it
     element.style.scrollMarginTop = "3.75rem";  // below the page's header bar
     element.scrollIntoView({block: "start", behavior: "instant"});
     element.querySelector('[role="tab"][aria-selected="true"]')?.scrollIntoView({block: "nearest", inline: "nearest"});
@@ -192,7 +199,8 @@ SCROLL_TO_TOP = """() => {
 def after_run(scroll: str, token: str = "") -> None:
     """Run the JavaScript function ``scroll`` once this run is drawn (:data:`AFTER_RUN_JS`); ``token`` makes the
     element differ from the last one emitted, so that the browser runs it again."""
-    st.html(AFTER_RUN_JS % {"scroll": scroll, "token": token.replace("*/", "")}, unsafe_allow_javascript=True)
+    st.html(AFTER_RUN_JS % {"scroll": scroll, "hold": HOLD_MS, "token": token.replace("*/", "")},
+            unsafe_allow_javascript=True)
 
 
 def bring_to_top(selector: str) -> None:

@@ -250,8 +250,11 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
     assert phone.locator(".st-key-sample input").input_value() == "火箭發射"
     tab = phone.get_by_role("tab", selected=True)
     assert tab.inner_text().startswith("4")
-    box = tab.bounding_box()  # the page opens scrolled to the steps, not on the title two screens above them
-    assert 0 <= box["y"] and box["y"] + box["height"] <= 844 / 3 and 0 <= box["x"] and box["x"] + box["width"] <= 390, box
+    # the page opens scrolled to the steps, not on the title two screens above them (and stays there while the
+    # pictures above are laid out: a few seconds at most)
+    phone.wait_for_function("""() => {
+        const b = document.querySelector('[role="tab"][aria-selected="true"]').getBoundingClientRect();
+        return b.top >= 0 && b.bottom <= 844 / 3 && b.left >= 0 && b.right <= 390; }""", timeout=5_000)
     assert phone.locator("[data-testid='stSidebar']").is_hidden() or phone.locator("h1").count() == 1
     shot(phone, "lesson_link_phone_zh")
     phone.close()
