@@ -35,6 +35,12 @@ def presenting(help_key: str = "classroom.present_help") -> bool:
     return on
 
 
+def beginner_mode() -> bool:
+    """Sidebar toggle "Beginner mode" (``?beginner=1``, kept in the address and the QR code): a first lesson's few
+    views, the facts in one line, the model's settings folded away. Off, everything is back."""
+    return st.sidebar.toggle(t("classroom.beginner"), key=links.BEGINNER, help=t("classroom.beginner_help"))
+
+
 def leave_button(place) -> None:
     """The presenter view's way out (its sidebar, with the toggle, is hidden), at the top of ``place``."""
     place.button(t("classroom.leave"), key="leave_present", on_click=leave_presenting, type="tertiary",
@@ -69,6 +75,12 @@ BASE_CSS = """
    its shape, and Vega finds what a click hits by the element clicked, so clicks stay right. A canvas chart would
    take clicks at the wrong place once scaled: it scrolls instead. */
 [data-testid="stVegaLiteChart"] svg.marks { max-width: 100%; height: auto; }
+/* The first screen (1280 × 720): the title on one line, the intro, the photo's source and the Layer, Head and View
+   boxes, and the heatmap under them (views' titles a size smaller). */
+@media (min-width: 641px) { .block-container { padding-top: 3.5rem; } }
+.st-key-intro h1 { font-size: 2.1rem; line-height: 1.3; padding: 0.25rem 0 0.25rem; }
+.st-key-intro { gap: 0.5rem; }
+.st-key-result h3 { font-size: 1.4rem; padding-top: 0.25rem; }
 @media (max-width: 640px) {
   .block-container { padding-left: 1rem; padding-right: 1rem; }
   button, [data-testid="stSelectbox"] [role="group"], [data-testid="stFileUploaderDropzone"] button,
@@ -216,11 +228,13 @@ def chrome(present: bool) -> None:
 
 
 def bring_into_view(token: str) -> None:
-    """Scroll the result into view when ``token`` (photo digest and view) differs from this session's last."""
-    if st.session_state.get("_scrolled_for") == token:
-        return
+    """Scroll the result into view when ``token`` (photo digest and view) differs from this session's last: after the
+    visitor's own choice of photo or view, never on the first run, which stays at the top (title, intro and the
+    Photo choice are the way in)."""
+    last = st.session_state.get("_scrolled_for")
     st.session_state["_scrolled_for"] = token
-    after_run(SCROLL_TO_PICTURE, token)
+    if last is not None and last != token:
+        after_run(SCROLL_TO_PICTURE, token)
 
 
 def join_url() -> str:

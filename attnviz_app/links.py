@@ -34,7 +34,8 @@ from .settings import NATIVE
 from .views.base import DISPLAY, Context, Linked
 
 # in the order a link writes them; "run" and "ranking" are the dataset page's
-LINKED = ("view", "layer", "head", "query", "run", "ranking", "step", "photo", "model", "size", "lang")
+LINKED = ("view", "layer", "head", "query", "run", "ranking", "step", "photo", "model", "size", "beginner", "lang")
+BEGINNER = "beginner"  # beginner mode (attnviz_app/classroom.py): ``beginner=1``, carried by the QR code to the phones
 PRESENT = "present"  # the presenter view's own parameter (attnviz_app/classroom.py): the only one a page keeps
 _RESTORED = "_links_restored"
 _ASKED = "_links_asked"  # the address a session opened on, for pages that read it as they draw (asked())
@@ -72,6 +73,8 @@ def restore() -> None:
         st.session_state["head"] = head if head in HEAD_FUSIONS else int(head)
         if head.isdecimal():  # the lesson's Head box counts from 0 and has no mean, max or min
             st.session_state[memory_of(LESSON_HEAD)] = int(head) - 1
+    if asked.get(BEGINNER) == "1":
+        st.session_state[BEGINNER] = True
     step = asked.get("step", "")
     if step.isdecimal() and 1 <= int(step) <= 99:  # the lesson checks it against its steps
         st.session_state[memory_of(LESSON_STEP)] = int(step) - 1
@@ -113,13 +116,14 @@ def sample_shown() -> str | None:
 def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,
             head: str | int | None = None, query: str | None = None, step: int | None = None,
             model: str | None = None, size: str | None = None, run: str | None = None, ranking: str | None = None,
-            controls: dict[str, str] | None = None) -> dict[str, str]:
+            controls: dict[str, str] | None = None, beginner: bool = False) -> dict[str, str]:
     """The address's values for what is shown: ``photo`` a sample's name (None for anything else), the view,
     layer, head, query token and lesson step where the page shows them (the Swin page has none of its own: None),
     the model and size where they are not the page's first (``Settings.linked``), the dataset page's run and
-    ranking, and the view's ``controls`` (:func:`controls`) after the query."""
+    ranking, the view's ``controls`` (:func:`controls`) after the query, and ``beginner=1`` in beginner mode."""
     said = {"view": view, "layer": layer, "head": head, "query": query, "step": step, "photo": photo, "model": model,
-            "size": size, "run": run, "ranking": ranking, "lang": lang, **(controls or {})}
+            "size": size, "run": run, "ranking": ranking, BEGINNER: 1 if beginner else None, "lang": lang,
+            **(controls or {})}
     order = (*LINKED[:4], *(controls or {}), *LINKED[4:])  # the view's controls after its query
     return {name: str(said[name]) for name in order if said[name] is not None}
 

@@ -34,7 +34,7 @@ CAPTURE_CACHE_ENTRIES = 12  # ≤ 12 × 54 MB at 518 px; ≤ 12 × 8 MB at 196 p
 # short run while a new upload arrives (the page stops early, and Streamlit would forget Layer and Head).
 KEPT_KEYS = (
     "lang", "model_choice", "size", "fit", "device", "source", "sample",
-    "layer", "head", "view", "alpha", "cmap", "smooth",
+    "layer", "head", "view", "alpha", "cmap", "smooth", "beginner",
 )
 
 
@@ -193,15 +193,19 @@ def model_label(choice: str) -> str:
     return choice
 
 
-def model_settings() -> Settings:
-    """Sidebar: model, input size, fit, device — the same on every page.
+def model_settings(folded: bool = False) -> Settings:
+    """Sidebar: model, input size, fit, device — the same on every page; ``folded`` (beginner mode): in a closed
+    expander, which keeps every choice.
 
     The Model box offers only what the server's owner allows (attnviz.serving): the offline default,
     hub models that are cached (or all of them when downloads are allowed), and the owner's
     checkpoints. A visitor never types a path or an architecture.
     """
-    side = st.sidebar
-    side.header(t("model.header"))
+    if folded:
+        side = st.sidebar.expander(t("model.header"))
+    else:
+        side = st.sidebar
+        side.header(t("model.header"))
     owner = owner_policy()
     checkpoints = {f"ckpt:{c.label}": c for c in serving.list_checkpoints(owner.checkpoints)}
     hub = [n for n in attnviz.HUB_MODELS if owner.allow_downloads or serving.hub_cached(n)]
@@ -285,12 +289,14 @@ def load(settings: Settings) -> attnviz.Model:
 
 
 def image_input(model: attnviz.Model | None = None, settings: Settings | None = None,
-                more: Mapping[str, tuple[str, Callable]] | None = None) -> tuple[bytes, str] | None:
+                more: Mapping[str, tuple[str, Callable]] | None = None, row: bool = False) -> tuple[bytes, str] | None:
     """Sample photo, upload, camera or live camera (and ``more``: name → (label key, source function),
-    e.g. the video, :mod:`attnviz_app.sources`): the raw bytes and a display name."""
+    e.g. the video, :mod:`attnviz_app.sources`): the raw bytes and a display name. ``row``: the choice of source
+    and the sample box side by side (a wide screen's first view keeps its height for the heatmap)."""
     more = more if model is not None and more else {}
     sources = ["sample", "upload", "camera", *(["live"] if model is not None else []), *more]
-    source = st.radio(
+    choice, box = st.columns([5, 2], vertical_alignment="bottom") if row else (st.container(), st.container())
+    source = choice.radio(
         t("input.source"), sources,
         format_func=lambda s: t(more[s][0]) if s in more else t("live.source" if s == "live" else f"input.{s}"),
         horizontal=True, key="source",
@@ -308,7 +314,7 @@ def image_input(model: attnviz.Model | None = None, settings: Settings | None = 
     if source == "camera":
         shot = st.camera_input(t("input.camera"), key="camera")
         return (shot.getvalue(), "camera.jpg") if shot is not None else None
-    sample = st.selectbox(t("input.sample"), list(attnviz.photos.SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample",
+    sample = box.selectbox(t("input.sample"), list(attnviz.photos.SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample",
                           placeholder=t("classroom.choose"))
     return attnviz.photos.sample(sample).read_bytes(), f"{sample}.jpg"
 
@@ -369,15 +375,17 @@ class Recall:
 
 
 def capture_or_stop(
-    model: attnviz.Model, settings: Settings, place=None, more: Mapping[str, tuple[str, Callable]] | None = None
+    model: attnviz.Model, settings: Settings, place=None, more: Mapping[str, tuple[str, Callable]] | None = None,
+    row: bool = False,
 ) -> tuple[CheckedImage, attnviz.Capture, tuple, Recall]:
-    """Photo input (drawn in ``place``), checks and the cached capture; a message and a stop otherwise.
+    """Photo input (drawn in ``place``; ``row``: see :func:`image_input`), checks and the cached capture; a message
+    and a stop otherwise.
 
     Also returns the capture's cache key (model, size, photo digest, fit) for caches built on it, and a
     :class:`Recall` of the capture for what is computed after the run (downloads).
     """
     with place if place is not None else st.container():
-        picked = image_input(model, settings, more)
+        picked = image_input(model, settings, more, row)
     if picked is None:
         st.info(t("input.waiting"))
         st.stop()

@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from make_corpus import entries
-from serve import BIG_PICTURE, MEASURE, NO_PICTURE, choose_view, open_page, quiet, settle, shot
+from serve import BIG_PICTURE, MEASURE, NO_PICTURE, choose_option, choose_view, open_page, quiet, settle, shot
 
 VIEWS = {  # view key → its label in English, as the View box shows it
     "cls": "Class token → patches", "query": "Any query token → patches", "matrix": "Full N × N attention matrix",
@@ -135,6 +135,42 @@ def test_phone_upload_views_and_lesson(app_in_chromium):
     settle(page)
     quiet(page)
     assert not page.evaluate(TOOLBAR_SHOWN)
+    page.close()
+
+
+FIRST_SCREEN = """() => {
+  const box = (e) => e && e.getBoundingClientRect();
+  const [title, intro, photo, heat] = [document.querySelector("h1"), document.querySelector(".st-key-intro [data-testid='stCaptionContainer']"),
+    document.querySelector(".st-key-source"), document.querySelector("%s")].map(box);
+  return {title, intro, photo, heat, vh: innerHeight};
+}""" % HEATMAP
+
+
+@pytest.mark.parametrize("screen", ["projector", "phone"])
+def test_a_first_visit_opens_at_the_top_with_the_way_in(app_in_chromium, screen):
+    """A first visit is not scrolled: title, intro and the Photo choice on the first screen; at 1280 × 720 the
+    heatmap too (its upper half at least). A phone scrolls to the picture only after the visitor's own choice."""
+    url, browser = app_in_chromium
+    page = open_page(browser, screen)
+    page.goto(url + "/?lang=zh-TW")
+    page.locator(HEATMAP).first.wait_for(timeout=120_000)
+    settle(page)
+    page.wait_for_timeout(500)  # a scroll would have begun (AFTER_RUN_JS tries every 100 ms)
+    got = page.evaluate(FIRST_SCREEN)
+    for name in ("title", "intro", "photo"):
+        assert 0 <= got[name]["top"] and got[name]["bottom"] <= got["vh"], (name, got)
+    if screen == "projector":
+        heat = got["heat"]
+        assert heat["top"] + heat["height"] / 2 <= got["vh"], got  # at least its upper half on the first screen
+    shot(page, f"first_screen_{screen}_zh")
+    if screen == "phone":  # another sample photo: the visitor's own action brings its heatmap up
+        old = page.locator(HEATMAP).first.get_attribute("src")
+        choose_option(page, ".st-key-sample input", page.get_by_role("option", name="火箭發射"))
+        page.wait_for_function("([s, old]) => { const i = document.querySelector(s); return i && i.src !== old && i.complete; }",
+                               arg=[HEATMAP, old], timeout=120_000)
+        settle(page)
+        page.wait_for_function(f"() => {{ const h = document.querySelector(\"{HEATMAP}\").getBoundingClientRect(); "
+                               "return h.top >= 0 && h.bottom <= innerHeight + 0.5; }", timeout=10_000)
     page.close()
 
 

