@@ -135,3 +135,44 @@ def test_every_box_of_the_app_says_its_placeholder_in_the_page_s_language():
                     not any(keyword.arg == "placeholder" for keyword in node.keywords):
                 missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not missing, missing
+
+
+# Full-width punctuation inside Chinese sentences (issue #46): a half-width , : ; ? ! next to a Chinese character,
+# ( ) around Chinese words, a . that ends a Chinese sentence, or a lone … where Chinese writes ……. Formulas ($…$),
+# code (`…`), URLs, an address's ?query=string and {placeholders} are set aside first, so "Q, K", "{lo:.4f}",
+# "softmax(QKᵀ/√d_k)", "?present=1" and "1.5" stay as they are.
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK = _HAN + "\u3000-\u303f\uff01-\uff5e"  # Chinese characters and full-width punctuation (「」、。，（）…)
+_SET_ASIDE = re.compile(r"```.*?```|`[^`]*`|\$[^$]*\$|https?://\S+|(?<!\S)\?[\w-]+=\S*|\{[^{}]*\}", re.S)
+_HALF_WIDTH = [
+    ("half-width , : ; ? ! beside a Chinese character",
+     re.compile(rf"(?:(?<=[{_CJK}])|(?<=[{_CJK}] ))[,:;?!]|[,:;?!](?= ?[{_CJK}])")),
+    ("half-width ( ) around Chinese words", re.compile(rf"\([^()]*[{_HAN}][^()]*\)")),
+    ("a . ending a Chinese sentence", re.compile(rf"[{_CJK}] ?\.(?!\.)(?=\s|$)")),
+    ("a lone … after Chinese (刪節號 is ……)", re.compile(rf"[{_CJK}]…(?!…)")),
+]
+
+
+def half_width_punctuation(text: str) -> list[str]:
+    """The places in ``text`` where a Chinese sentence uses half-width punctuation, each with its rule."""
+    plain = _SET_ASIDE.sub("0", text).replace("**", "")  # a formula or a value reads as a number
+    return [f"{rule}: {found.group()!r}" for rule, pattern in _HALF_WIDTH for found in pattern.finditer(plain)]
+
+
+@pytest.mark.parametrize(("text", "hits"), [
+    ("注意力, 圖塊", 1), ("查詢:鍵", 1), ("是嗎?", 1), ("好!", 1), ("第 1 層; 第 2 層", 1), ("(查詢)", 1),
+    ("這是一個圖塊.", 1), ("一個圖塊. 下一句", 1), ("「crop」, 或", 1),
+    ("Q, K 的內積", 0), ("$q_i, k_j$ 的內積", 0), ("第 {layer} 層，{lo:.4f}（亮）", 0), ("softmax(QKᵀ/√d_k) 中", 0),
+    ("色階：暗 = {lo:.4f}", 0), ("`numpy.load()` 讀取", 0), ("見 https://example.org/a,b.html。", 0),
+    ("用 numpy.load() 讀取", 0), ("……以及另外 {count} 張", 0), ("({row}, {col})", 0), ("1.5 倍", 0),
+    ("**模型：** {name}", 0), ("pip install 'attnviz[qk]'。", 0),
+    ("正在載入模型…", 1), ("正在載入模型……", 0), ("超出 {low} … {high} 的值", 0), ("網址加上 ?present=1 也能開啟", 0),
+])
+def test_the_punctuation_check_finds_half_width_marks_in_chinese_only(text, hits):
+    assert len(half_width_punctuation(text)) == hits, half_width_punctuation(text)
+
+
+def test_chinese_sentences_take_full_width_punctuation():
+    """，：；？！（）。 inside Chinese sentences, as a Taiwanese textbook prints them (教育部《重訂標點符號手冊》)."""
+    found = {key: hits for key, text in i18n.catalogue("zh-TW").items() if (hits := half_width_punctuation(text))}
+    assert not found, found
