@@ -215,3 +215,20 @@ def test_chinese_uses_taiwanese_words_not_mainland_ones():
     used = {word: [key for key, text in zh.items() if word in text] for word in MAINLAND_WORDS}
     assert not {word: keys for word, keys in used.items() if keys}
     assert "資料" in "".join(zh.values()) and "影片" in "".join(zh.values())  # data, video: the Taiwanese words in use
+
+
+LAYOUT_WORDS = {  # on a phone Streamlit's columns stack and nothing hovers (issue #46)
+    "en": r"\b(?:left|right)(?: picture| grid| image| column| one)\b|\bon the (?:left|right)\b|(?:^|[.;:] )Hover\b",
+    "zh-TW": r"左圖|右圖|左邊的|右邊的|左側|右側|滑過",
+}
+
+
+@pytest.mark.parametrize("lang", list(i18n.LANGUAGES))
+def test_instructions_hold_on_a_phone(lang):
+    """A picture is named by what it shows (the photo, the heatmap, a grid's title), not by where a desktop puts it,
+    and what needs a mouse is offered as pointing (or says it needs a mouse), not as "hover"."""
+    said = {key: found.group() for key, text in i18n.catalogue(lang).items()
+            if (found := re.search(LAYOUT_WORDS[lang], text, re.M))}
+    assert not said, said
+    assert re.search(LAYOUT_WORDS["en"], "Click a query patch on the left picture and a key patch on the right one.")
+    assert re.search(LAYOUT_WORDS["zh-TW"], "在左圖點一個查詢圖塊")
