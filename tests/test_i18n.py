@@ -137,10 +137,10 @@ def test_every_box_of_the_app_says_its_placeholder_in_the_page_s_language():
     assert not missing, missing
 
 
-# Full-width punctuation inside Chinese sentences (issue #46): a half-width , : ; ? ! next to a Chinese character,
-# ( ) around Chinese words, a . that ends a Chinese sentence, or a lone … where Chinese writes ……. Formulas ($…$),
-# code (`…`), URLs, an address's ?query=string and {placeholders} are set aside first, so "Q, K", "{lo:.4f}",
-# "softmax(QKᵀ/√d_k)", "?present=1" and "1.5" stay as they are.
+# Full-width punctuation inside Chinese sentences (issue #46, docs/classroom.md "繁體中文用語"): a half-width
+# , : ; ? ! next to a Chinese character, ( ) around Chinese words, a . that ends a Chinese sentence, or a lone …
+# where Chinese writes ……. Formulas ($…$), code (`…`), URLs, an address's ?query=string and {placeholders} are
+# set aside first, so "Q, K", "{lo:.4f}", "softmax(QKᵀ/√d_k)", "?present=1" and "1.5" stay as they are.
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _CJK = _HAN + "\u3000-\u303f\uff01-\uff5e"  # Chinese characters and full-width punctuation (「」、。，（）…)
 _SET_ASIDE = re.compile(r"```.*?```|`[^`]*`|\$[^$]*\$|https?://\S+|(?<!\S)\?[\w-]+=\S*|\{[^{}]*\}", re.S)
@@ -178,7 +178,7 @@ def test_chinese_sentences_take_full_width_punctuation():
     assert not found, found
 
 
-# One Chinese word per concept (issue #46, docs/i18n.md "繁體中文用語"): where the English names the concept, the
+# One Chinese word per concept (issue #46, docs/classroom.md "繁體中文用語"): where the English names the concept, the
 # Chinese says the chosen word, and the words a Taiwanese teacher questioned (or a mainland reader would use) are gone.
 CHOSEN_TERMS = {  # concept: (the English that names it, the Chinese words that may say it, the rejected words)
     "attention head": (r"\bheads?\b(?!\))", ("注意力頭", "多頭注意力", "分類頭"), (r"(?<!注意力)(?<!多)(?<!分類)(?<!檔)頭",)),
