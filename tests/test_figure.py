@@ -112,7 +112,7 @@ def test_chinese_is_real_text_in_an_embedded_font(tiny_capture):
     text = data.decode()
     root = ET.fromstring(data)
     words = "".join("".join(t.itertext()) for t in root.iter(f"{SVG}text"))
-    assert "第 2 層 · 所有頭的平均" in words and "第 2 層 · 第 1 個頭" in words
+    assert "第 2 層 · 所有注意力頭的平均" in words and "第 2 層 · 第 1 個注意力頭" in words
     faces = dict(re.findall(r"font-family: '([^']+)'; src: url\(data:font/otf;base64,([A-Za-z0-9+/=]+)\)", text))
     assert set(faces) == {"DejaVu Sans", "Noto Sans CJK TC"}
     covered = set()
@@ -132,7 +132,7 @@ def test_pdf_embeds_the_chinese_font_and_reads_back(tiny_capture):
     data = figure.to_bytes(figure.compose(cap, layers=(0,), heads=(1,), views=("cls", "rollout"), lang="zh-TW"), "pdf")
     page = pypdf.PdfReader(io.BytesIO(data)).pages[0]
     words = page.extract_text()
-    assert "第 1 層 · 第 2 個頭" in words and "注意力擴散（rollout），第 1–2 層" in words
+    assert "第 1 層 · 第 2 個注意力頭" in words and "注意力傳遞（rollout），第 1–2 層" in words
     fonts = [f.get_object() for f in page["/Resources"]["/Font"].values()]
     cjk = [f for f in fonts if "NotoSansCJKtc" in f["/BaseFont"]]
     assert cjk, [f["/BaseFont"] for f in fonts]

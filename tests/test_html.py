@@ -139,7 +139,7 @@ def test_layer_head_and_a_patch_click_change_the_picture_and_numbers_are_exact(b
             cap.num_prefix_tokens + 7 * cap.grid[1] + 8)
         page.keyboard.press("Escape")
         assert page.locator("#picture").get_attribute("data-query") == "summary"
-        page.get_by_label("Hovering a patch makes it the query").check()  # now the pointer is the query
+        page.get_by_label("With a mouse: hovering a patch makes it the query").check()  # now the pointer is the query
         page.mouse.move(*patch_centre(page, 2, 3, cap.grid))
         assert page.locator("#picture").get_attribute("data-query") == str(cap.num_prefix_tokens + 2 * cap.grid[1] + 3)
         assert blocked == [] and errors == []

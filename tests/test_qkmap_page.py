@@ -35,7 +35,7 @@ def test_sentence_and_query_handover(lang, real_model):
     assert i18n.text(lang, f"qkmap.{best}", row=row_r, col=col_r, axis=axis) in text
     assert i18n.text(lang, "qkmap.none_note") in [c.value for c in at.caption]
     assert i18n.text(lang, "qkmap.title", layer=12, head=3) in [h.value for h in at.subheader]
-    flattened = {"en": "flattened from 64 numbers (d_k) to 2", "zh-TW": "從 64 個數字（d_k）壓成 2 個"}[lang]
+    flattened = {"en": "flattened from 64 numbers (d_k) to 2", "zh-TW": "從 64 個數字（d_k）降維成 2 個"}[lang]
     assert real_model.network.blocks[11].attn.head_dim == 64 and any(flattened in c.value for c in at.caption)
 
     if lang != "en":

@@ -40,9 +40,9 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         "en": dict(source="Video", freeze="Freeze this frame", frame="Frame", download="Download the video (MP4, H.264)",
                    note="every frame of phone.mov (12 fps → 12 fps)", frozen="Exploring phone-frame",
                    svg="Download as SVG (vector)", title="Layer 12, mean of all heads: where the class token looks"),
-        "zh-TW": dict(source="影片", freeze="凍結這一格", frame="畫面", download="下載影片（MP4，H.264）",
-                      note="取自 phone.mov 的每一格（12 fps → 12 fps）", frozen="正在探索從影片凍結的 phone-frame",
-                      svg="下載 SVG（向量圖）", title="第 12 層，所有頭的平均：類別 token 看向哪裡"),
+        "zh-TW": dict(source="影片", freeze="定格這個畫面", frame="畫面", download="下載影片（MP4，H.264）",
+                      note="取自 phone.mov 的每一格（12 fps → 12 fps）", frozen="正在探索從影片定格的 phone-frame",
+                      svg="下載 SVG（向量圖）", title="第 12 層，所有注意力頭的平均：類別 token 看向哪裡"),
     }[lang]
     SHOTS.mkdir(exist_ok=True)
     with chromium() as browser:

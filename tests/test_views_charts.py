@@ -107,9 +107,9 @@ WORDS = {
         "qk_atlas": ["Head", "Layer"],
     },
     "zh-TW": {
-        "head_mean_attention_distance": ["平均注意力距離（32 像素輸入中的像素）", "距離（像素）", "層", "頭", "平均地看所有圖塊時"],
-        "head_cls_entropy": ["類別 token 注意力的熵", "熵（nat）", "層", "頭"],
-        "head_prefix_share": ["流向 CLS／暫存器的比例（%）", "層", "頭"],
+        "head_mean_attention_distance": ["平均注意力距離（32 像素輸入中的像素）", "距離（像素）", "層", "注意力頭", "平均地看所有圖塊時"],
+        "head_cls_entropy": ["類別 token 注意力的熵", "熵（nat）", "層", "注意力頭"],
+        "head_prefix_share": ["流向 CLS／暫存器的比例（%）", "層", "注意力頭"],
         "deletion_insertion_curves_token": ["刪除：先移除排名最前的圖塊", "插入：先放回排名最前的圖塊",
                                             "移除（刪除）／放回（插入）的圖塊百分比", "預測類別的機率"],
         "token_norms_by_layer": ["各層的圖塊 token 範數 ÷ 中位數", "範數 ÷ 中位數", "層", "最大的圖塊", "第 99 百分位數"],
@@ -231,9 +231,9 @@ HEADERS = {  # view → the headers of each chart's "Show data" table, in the pa
     },
     "zh-TW": {
         "query": [["列", "行", "注意力權重"]],
-        "heads": [["層", "頭", "最亮的圖塊（注意力最多）", "注意力權重"]],
+        "heads": [["層", "注意力頭", "最亮的圖塊（注意力最多）", "注意力權重"]],
         "neuron": [["列", "行", "注意力權重"], ["維度", "q", "k", "q ⊙ k"]],
-        "stats": [["層", "頭", "距離（像素）"], ["層", "頭", "流向 CLS／暫存器的比例（%）"], ["層", "頭", "熵（nat）"]],
+        "stats": [["層", "注意力頭", "距離（像素）"], ["層", "注意力頭", "流向 CLS／暫存器的比例（%）"], ["層", "注意力頭", "熵（nat）"]],
         "norms": [["層", "最大的圖塊", "第 99 百分位數"], ["列", "行", "token 範數"]],
         "qkmap": [["種類", "Token", "第一方向", "第二方向", "圖塊所在列"], ["層", "注意力頭", "與列的 R", "與行的 R"]],
         "faithfulness": [["圖", "移除（刪除）／放回（插入）的圖塊百分比", "刪除", "插入"]],
@@ -371,4 +371,4 @@ def test_every_tooltip_says_what_it_shows_in_the_page_s_language():
     assert i18n.text("zh-TW", "analysis.stats.distance_axis") in json.dumps(stats["layer"][1]["encoding"]["tooltip"],
                                                                             ensure_ascii=False)
     said = json.dumps(stats, ensure_ascii=False)
-    assert '"description": "X 軸：層"' in said and '"description": "圖例：頭"' in said
+    assert '"description": "X 軸：層"' in said and '"description": "圖例：注意力頭"' in said
