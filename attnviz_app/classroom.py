@@ -118,11 +118,24 @@ PRESENT_CSS = """
 .st-key-present_heat [data-testid="stElementContainer"] { max-width: calc(100vh - 220px); }
 .st-key-present_heat [data-testid="stImage"] img { max-height: none; }
 [data-testid="stImageCaption"] { font-size: 20px !important; }
-.st-key-join { border: 2px solid #888; border-radius: 0.5rem; padding: 0.5rem 0.75rem; }
-/* The QR code: 120 px on a 720 px screen, growing with the screen's height to 240 px (at 840 px and more) */
+.st-key-join { border: 2px solid #c8c8c8; border-radius: 0.5rem; padding: 0.5rem 0.75rem; }
+/* The QR code: 200 px on a 720 px screen, growing with the screen's height to 320 px (at 1080 px and more) */
 .st-key-join [data-testid="stElementContainer"]:has(img), .st-key-join img {
-  width: clamp(120px, calc(100vh - 600px), 240px) !important; }
-.st-key-join code { font-size: 22px; }
+  width: clamp(200px, calc(100vh - 520px), 320px) !important; max-width: 100%; }
+.st-key-join code { font-size: 22px; color: #ffffff; background: #2b2b2b; word-break: break-all; }
+/* High contrast for a projector in a dark room: light type on near-black (captions 12:1 and more, WCAG's AAA asks
+   7:1); the boxes keep Streamlit's own light fields, dark type on light. */
+.stApp, [data-testid="stAppViewContainer"], [data-testid="stMain"], [data-testid="stBottomBlockContainer"] {
+  background: #101010; color: #f5f5f5; }
+[data-testid="stMarkdownContainer"], [data-testid="stMarkdownContainer"] :is(p, li, span, strong, th, td),
+[data-testid="stHeadingWithActionElements"] :is(h1, h2, h3, h4), [data-testid="stWidgetLabel"] :is(p, label),
+[data-testid="stRadio"] label p, [data-testid="stExpander"] summary p, [data-testid="stSliderThumbValue"],
+[data-testid="stSliderTickBar"] div, [data-testid="stTab"] p, [data-testid="stMetricValue"] { color: #f5f5f5; }
+[data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] p, [data-testid="stImageCaption"] {
+  color: #d6d6d6 !important; }
+[data-testid="stExpander"] details { border-color: #8a8a8a; }
+button[kind="secondary"], button[kind="tertiary"] { color: #f5f5f5; }
+button[kind="secondary"] { background: #2b2b2b; border-color: #9a9a9a; }
 """
 
 # Runs once per browser tab (guarded): close the overlaying sidebar after a page link on a phone.
@@ -264,7 +277,8 @@ def join_box(linked: dict[str, str], page: str = "") -> None:
     (``lesson``), "" for Explore."""
     url = join_url().rstrip("/") + (f"/{page}" if page else "")
     with st.container(key="join"):
-        st.markdown(t("classroom.join", url=url))
-        # 41 × 41 modules for a link with the view's choices (29 × 29 for the address alone): on a 2.5 m wide
-        # projection the code is still ~23 cm across, each module ~5 mm
-        st.image(qr_png(links.link(url, linked)), width=120)
+        code, words = st.columns([1, 1], vertical_alignment="center")
+        # 41 × 41 modules for a link with the view's choices (29 × 29 for the address alone): 200 px on a 720 px
+        # screen, so on a 2.5 m wide projection the code is ~39 cm across, each module ~9 mm
+        code.image(qr_png(links.link(url, linked)), width=200)
+        words.markdown(t("classroom.join", url=url))

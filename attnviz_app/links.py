@@ -3,7 +3,8 @@ the screen.
 
 ``/?view=query&layer=3&head=2&query=r3c11&photo=coffee&size=448&lang=zh-TW``: a session's first run takes these choices
 from the address, before any widget is drawn, and every Explore or lesson run writes them back, so the address bar (and the
-presenter view's join box and QR code) always holds a link to the view shown. Layers and heads count from 1,
+presenter view's join box and QR code) always holds a link to the view shown. ``photo`` is a sample's name or,
+for a photo a presenter uploaded or took, the 22-character name it is shared under (attnviz/shared_photos.py). Layers and heads count from 1,
 as on the page; ``head`` is also ``mean``, ``max`` or ``min``; ``query`` (on the views that draw the session's query
 token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token; on the lesson (``/lesson?step=4&layer=12&head=1``)
 ``step`` is its tab, ``layer`` and ``head`` its own Layer and Head, ``query`` and ``key`` the pair step's patches,
@@ -12,8 +13,8 @@ token: ``cls``, ``reg2``, ``r3c11`` for row 3, column 11) is that token; on the 
 the server offers it (attnviz_app/ui.py's Model box checks). The display controls a view reads (``opacity``,
 ``cmap``, ``smooth``) and a view's own controls (``/?view=rollout&layers=4-12&fusion=max``: each view declares them,
 attnviz_app/views/base.py's ``Linked``) are written only where they differ from what the view opens on. The dataset
-page (``/dataset?layer=3&head=2&run=r1&ranking=focused``) names its run by its folder's name. Uploads never
-travel: only the sample photos have names. A value the page does not offer is left out, and the page opens on its own
+page (``/dataset?layer=3&head=2&run=r1&ranking=focused``) names its run by its folder's name. A visitor's upload
+never travels; one shown in presenter view does, by its shared name. A value the page does not offer is left out, and the page opens on its own
 default there.
 
 Not Streamlit 1.67's ``bind="query-params"``: it names a parameter after the widget's key and writes a select box's
@@ -28,6 +29,7 @@ import streamlit as st
 
 import attnviz
 from attnviz import i18n
+from attnviz.shared_photos import NAME as SHARED_NAME
 from attnviz.softmax import HEAD_FUSIONS
 
 from .settings import NATIVE
@@ -65,6 +67,8 @@ def restore() -> None:
         st.session_state["lang"] = asked["lang"]
     if asked.get("photo") in attnviz.photos.SAMPLES:
         st.session_state["source"], st.session_state["sample"] = "sample", asked["photo"]
+    elif SHARED_NAME.fullmatch(asked.get("photo", "")):  # a presenter's photo (attnviz.shared_photos), by its name
+        st.session_state["source"], st.session_state["shared_photo"] = "shared", asked["photo"]
     layer = asked.get("layer", "")
     if layer.isdecimal() and 1 <= int(layer) <= 999:
         st.session_state["layer"] = st.session_state[LESSON_LAYER] = int(layer)
@@ -106,11 +110,6 @@ def asked_number(name: str) -> int | None:
     """:func:`asked`, where a link's value is a count from 1 (a layer, a head)."""
     words = asked(name) or ""
     return int(words) if words.isdecimal() and 1 <= int(words) <= 999 else None
-
-
-def sample_shown() -> str | None:
-    """The sample photo's name where the page shows a sample (an upload or a camera shot has none to link)."""
-    return st.session_state.get("sample") if st.session_state.get("source") == "sample" else None
 
 
 def choices(photo: str | None, lang: str, view: str | None = None, layer: int | None = None,

@@ -21,6 +21,7 @@ from attnviz import runtimes, serving, weightfiles
 from attnviz.adapters import family_of_name
 from attnviz.errors import HubUnavailable, ModelError
 from attnviz.images import KIND_IDS, CheckedImage, ImageError
+from attnviz.shared_photos import SharedPhotos
 
 from . import tuning
 from .priority import priority
@@ -34,7 +35,7 @@ CAPTURE_CACHE_ENTRIES = 12  # ≤ 12 × 54 MB at 518 px; ≤ 12 × 8 MB at 196 p
 # short run while a new upload arrives (the page stops early, and Streamlit would forget Layer and Head).
 KEPT_KEYS = (
     "lang", "model_choice", "size", "fit", "device", "source", "sample",
-    "layer", "head", "view", "alpha", "cmap", "smooth", "beginner",
+    "layer", "head", "view", "alpha", "cmap", "smooth", "beginner", "shared_photo",
 )
 
 
@@ -294,7 +295,9 @@ def image_input(model: attnviz.Model | None = None, settings: Settings | None = 
     e.g. the video, :mod:`attnviz_app.sources`): the raw bytes and a display name. ``row``: the choice of source
     and the sample box side by side (a wide screen's first view keeps its height for the heatmap)."""
     more = more if model is not None and more else {}
-    sources = ["sample", "upload", "camera", *(["live"] if model is not None else []), *more]
+    shared = st.session_state.get("shared_photo")  # a link's shared photo (the teacher's, on a phone)
+    sources = ["sample", *(["shared"] if shared else []), "upload", "camera", *(["live"] if model is not None else []),
+               *more]
     choice, box = st.columns([5, 2], vertical_alignment="bottom") if row else (st.container(), st.container())
     source = choice.radio(
         t("input.source"), sources,
@@ -307,6 +310,12 @@ def image_input(model: attnviz.Model | None = None, settings: Settings | None = 
         from . import live  # WebRTC is loaded only for the live camera
 
         return live.live_source(model, settings)
+    if source == "shared":
+        photo = shared_photos().open(shared)
+        if photo is None:  # forgotten (its time is up, or the server restarted): say so, no traceback
+            st.warning(t("input.shared_gone", hours=round(shared_photos().keep_s / 3600)))
+            return None
+        return photo.data, photo.filename
     if source == "upload":
         # No extension filter: the bytes decide, and a bad file gets our own one-sentence message.
         up = st.file_uploader(t("input.upload"), help=t("input.upload_help"), key="upload")
@@ -317,6 +326,26 @@ def image_input(model: attnviz.Model | None = None, settings: Settings | None = 
     sample = box.selectbox(t("input.sample"), list(attnviz.photos.SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample",
                           placeholder=t("classroom.choose"))
     return attnviz.photos.sample(sample).read_bytes(), f"{sample}.jpg"
+
+
+@st.cache_resource(show_spinner=False)
+def shared_photos() -> SharedPhotos:
+    """The server's one store of photos presenters share with their class (attnviz.shared_photos)."""
+    return SharedPhotos()
+
+
+def photo_link(recall: Recall, present: bool) -> str | None:
+    """The address's ``photo``: a sample's name, the shared photo's name, or — in presenter view, whose QR code
+    takes the address to the class's phones — a new shared name for the upload or camera shot shown. Otherwise
+    None: an upload a visitor did not present stays theirs."""
+    source = st.session_state.get("source")
+    if source == "sample":
+        return st.session_state.get("sample")
+    if source == "shared":
+        return st.session_state.get("shared_photo")
+    if present and source in ("upload", "camera"):
+        return shared_photos().share(recall.data, recall.filename)
+    return None
 
 
 def digest(data: bytes) -> str:

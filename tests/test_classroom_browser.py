@@ -22,6 +22,22 @@ HEATMAP = ".st-key-result [data-testid='stImage'] img"
 PHOTOS = {e.name: e.data for e in entries() if e.name in ("phone_12mp_rotated.jpg", "iphone_12mp_rotated.heic")}
 
 
+# WCAG's contrast ratio of each selector's first element's text against the page's background (and that background's
+# relative luminance, as "background")
+CONTRAST = """(selectors) => {
+  const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+  const lum = (c) => { const [r, g, b] = rgb(c).map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  const ground = lum(getComputedStyle(document.querySelector('[data-testid="stMain"]')).backgroundColor);
+  const out = {background: ground};
+  for (const s of selectors) {
+    const l = lum(getComputedStyle(document.querySelector(s)).color);
+    out[s] = (Math.max(l, ground) + 0.05) / (Math.min(l, ground) + 0.05);
+  }
+  return out;
+}"""
+
+
 def assert_fits(page, where: str, whole_heatmap: bool = True) -> dict:
     if whole_heatmap:  # a chart is drawn again once its data arrives, and the page scrolls after the run
         page.wait_for_function(BIG_PICTURE, timeout=30_000)
@@ -174,6 +190,56 @@ def test_a_first_visit_opens_at_the_top_with_the_way_in(app_in_chromium, screen)
     page.close()
 
 
+def drawn_photo() -> bytes:
+    """A photo no sample is: a red disc on a blue and yellow ground, 320 × 240 JPEG."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    picture = Image.new("RGB", (320, 240), (30, 60, 200))
+    draw = ImageDraw.Draw(picture)
+    draw.rectangle((0, 160, 320, 240), fill=(240, 210, 40))
+    draw.ellipse((110, 50, 210, 150), fill=(220, 30, 30))
+    buffer = io.BytesIO()
+    picture.save(buffer, format="JPEG", quality=92)
+    return buffer.getvalue()
+
+
+@pytest.mark.browser
+def test_the_presenters_uploaded_photo_reaches_a_phone_through_the_address(app_in_chromium):
+    """The presenter uploads a photo: the address (and so the QR code) names it by an unguessable name, and a phone
+    opening that address, less ``present``, shows the same photo's heatmap at the same layer and head."""
+    url, browser = app_in_chromium
+    page = open_page(browser, "projector")
+    page.goto(url + "/?present=1&view=cls&layer=9&head=2&lang=zh-TW")
+    page.locator(HEATMAP).first.wait_for(timeout=180_000)
+    settle(page)
+    cat = page.locator(HEATMAP).first.get_attribute("src")
+    page.get_by_text("照片", exact=True).first.click()  # the presenter's folded Photo box
+    page.get_by_text("上傳照片", exact=True).click()
+    page.locator("input[type=file]").set_input_files(
+        files=[{"name": "class.jpg", "mimeType": "image/jpeg", "buffer": drawn_photo()}])
+    page.wait_for_function("([s, old]) => { const i = document.querySelector(s); return i && i.src !== old && i.complete; }",
+                           arg=[HEATMAP, cat], timeout=120_000)
+    settle(page)
+    page.wait_for_url("**photo=**", timeout=30_000)
+    asked = dict(parse_qsl(urlsplit(page.url).query))
+    assert len(asked["photo"]) == 22 and asked["present"] == "1", asked
+    shown = urlsplit(page.locator(HEATMAP).first.get_attribute("src")).path
+    shot(page, "present_shared_photo_zh")
+    page.close()
+
+    phone = open_page(browser, "phone")
+    del asked["present"]  # what the QR code opens
+    phone.goto(url + "/?" + "&".join(f"{k}={v}" for k, v in asked.items()))
+    phone.locator(HEATMAP).first.wait_for(timeout=180_000)
+    settle(phone)
+    assert phone.get_by_role("radio", name="分享的照片").is_checked()
+    assert urlsplit(phone.locator(HEATMAP).first.get_attribute("src")).path == shown  # the same picture, byte for byte
+    assert shown != urlsplit(cat).path
+    phone.close()
+
+
 @pytest.mark.browser
 def test_presenter_view_fits_a_projector(app_in_chromium):
     url, browser = app_in_chromium
@@ -192,6 +258,11 @@ def test_presenter_view_fits_a_projector(app_in_chromium):
         .filter(e => e.getBoundingClientRect().height > 0).map(e => parseFloat(getComputedStyle(e).fontSize))""")
     assert sizes and min(sizes) >= 20, sizes  # labels and the scale's numbers
     assert page.locator(".st-key-join img").count() == 1 and "http://" in page.locator(".st-key-join").inner_text()
+    assert page.locator(".st-key-join img").bounding_box()["width"] >= 200  # ~9 mm a module on a 2.5 m projection
+    # a dark room: light type on a dark page, captions (the scale's numbers) at 7:1 or more (WCAG AAA)
+    contrast = page.evaluate(CONTRAST, [".st-key-result [data-testid='stCaptionContainer'] p",
+                                        "[data-testid='stWidgetLabel'] p", ".st-key-result h3", ".st-key-join p"])
+    assert contrast.pop("background") < 0.02 and all(ratio >= 7 for ratio in contrast.values()), contrast
     shot(page, "present_cls_en")
 
     # Keyboard: ← steps to the previous layer, ↓ to the next head (Streamlit's button shortcuts)

@@ -80,7 +80,7 @@ def page() -> None:
     if not present:  # the controls under the photo input and its notes, the view under them
         panel, result = st.container(), st.container()
 
-    photo = links.sample_shown()
+    photo = ui.photo_link(recall, present)
     if "view" not in st.session_state and len(cap.stages) > 1 and not beginner:  # a model with stages opens on what its stages are
         st.session_state["view"] = "stages"
         used = VIEWS["stages"].used(st.session_state)  # its own boxes: no Layer, Head or their buttons
@@ -93,8 +93,12 @@ def page() -> None:
         st.session_state.pop("head", None)
 
     with panel, st.container(key="controls"):
+        sides = {}  # the presenter's big buttons: ◀ Layer ▶ and ▲ Head ▼ beside their boxes (←/→ and ↑/↓ press them)
         if present:
-            layer_col, head_col, view_col = st.container(), st.container(), st.container()
+            for needs in (views.LAYER, views.HEAD):
+                sides[needs] = st.columns([1, 5, 1], vertical_alignment="bottom") if needs in used else (None,) * 3
+            layer_col, head_col = (sides[views.LAYER][1] or st.container()), (sides[views.HEAD][1] or st.container())
+            view_col = st.container()
         else:
             layer_col, head_col, view_col = st.columns([3, 2, 2])
         if views.LAYER in used:
@@ -112,18 +116,15 @@ def page() -> None:
             )
         else:
             head = st.session_state.get("head", "mean")
-        if present and used & {views.LAYER, views.HEAD}:  # big buttons; ←/→ and ↑/↓ press them (shortcuts)
-            buttons = st.columns(4)
-            layers = list(range(1, cap.num_layers + 1))
-            for column, key, label, by, needs, shortcut in (
-                (buttons[0], "layer_prev", "classroom.layer_prev", -1, views.LAYER, "Left"),
-                (buttons[1], "layer_next", "classroom.layer_next", 1, views.LAYER, "Right"),
-                (buttons[2], "head_prev", "classroom.head_prev", -1, views.HEAD, "Up"),
-                (buttons[3], "head_next", "classroom.head_next", 1, views.HEAD, "Down"),
-            ):
-                if needs in used:
-                    args = ("layer", layers, by, cap.num_layers) if needs == views.LAYER else ("head", heads, by, "mean")
-                    column.button(t(label), key=key, on_click=step, args=args, width="stretch", shortcut=shortcut)
+        layers = list(range(1, cap.num_layers + 1))
+        for needs, args, pair in (
+            (views.LAYER, ("layer", layers, cap.num_layers), (("layer_prev", "◀", -1, "Left"), ("layer_next", "▶", 1, "Right"))),
+            (views.HEAD, ("head", heads, "mean"), (("head_prev", "▲", -1, "Up"), ("head_next", "▼", 1, "Down"))),
+        ):
+            for column, (key, arrow, by, shortcut) in zip(sides.get(needs, (None, None, None))[::2], pair):
+                if column is not None:
+                    column.button(arrow, key=key, help=t(f"classroom.{key}"), on_click=step,
+                                  args=(args[0], args[1], by, args[2]), width="stretch", shortcut=shortcut)
         chosen = view_col.selectbox(
             t("views.choose"), offered, key="view", placeholder=t("classroom.choose"),
             format_func=lambda v: t(f"views.{v}") + (t("classroom.classifier_only") if VIEWS[v].needs_classifier

@@ -580,7 +580,7 @@ def page() -> None:
                                  format_func=lambda h: t("lesson.head_n", n=h + 1))
 
     tabs, step = step_tabs(labels)
-    photo = links.sample_shown()
+    photo = ui.photo_link(recall, present)
     follow_link(cap)
     words = link_words(cap)
     linked = links.choices(photo, st.session_state["lang"], layer=layer + 1, head=head + 1, step=step + 1,
