@@ -86,3 +86,22 @@ def test_depth_trend_reads_the_distance_panel():
     assert trend.second_half == pytest.approx((50 + 110 + 40 + 30 + 20) / 5)
     one = depth_trend(HeadStats(np.zeros((1, 2)), np.array([[5.0, 7.0]]), np.zeros((1, 2)), 17, 8.0, 10.0))
     assert one.half == 0 and np.isnan(one.first_half) and one.second_half == 6.0
+
+
+def test_concentration_of_hand_made_maps():
+    from attnviz.stats import DIFFUSE_BELOW, concentration
+
+    even = concentration(np.ones((14, 14)))
+    assert (even.top_cells, even.cells) == (20, 196)  # ⌈19.6⌉ cells
+    assert even.top == pytest.approx(20 / 196) == pytest.approx(even.even) and even.diffuse
+    one = np.zeros((14, 14))
+    one[3, 4] = 0.5
+    assert concentration(one).top == 1.0 and not concentration(one).diffuse
+    # 20 cells: the brightest 2 hold (5 + 4) of 5 + 4 + 18 · 1 = 27.
+    ramp = np.ones((4, 5))
+    ramp[0, 0], ramp[2, 3] = 5, 4
+    assert concentration(ramp).top == pytest.approx(9 / 27)
+    assert concentration(ramp).diffuse == (9 / 27 < DIFFUSE_BELOW)
+    with pytest.raises(ValueError):
+        concentration(np.zeros((2, 2)))
+
