@@ -8,6 +8,7 @@ from PIL import Image, ImageDraw
 
 import attnviz
 from attnviz import boxes, photos
+from attnviz_app import settings
 from conftest import tiny_vit
 
 
@@ -97,3 +98,14 @@ def test_the_sample_boxes_lie_inside_their_photos():
         assert 0 <= box.left < box.right <= w and 0 <= box.top < box.bottom <= h, name
         assert box.holds
 
+
+def test_the_page_opens_on_the_measured_pick(real_model):
+    """The Explore page's first photo and first layer (the last) are what bench.defaults picks at its first size,
+    and there the map puts 0.728 of its weight in the cup's box, against 0.429 for an even map."""
+    from bench.defaults import measure
+
+    assert real_model.size == settings.DEFAULT_SIZES[0]
+    pick = boxes.pick_default(measure(real_model), real_model.size)
+    assert (pick.photo, pick.share.layer) == (settings.DEFAULT_PHOTO, real_model.depth - 1)
+    assert pick.share.mean == pytest.approx(0.728, abs=0.01) and pick.share.baseline == pytest.approx(0.429, abs=0.002)
+    assert pick.share.gain > 0.5

@@ -163,7 +163,7 @@ def test_a_link_opens_the_lessons_step_layer_and_head(lang):
     assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
     assert at.session_state[f"lesson_step.{lang}"] == i18n.text(lang, "lesson.tab4")
     assert at.slider(key="lesson_layer").value == 5 and at.selectbox(key=f"lesson_head.{lang}").value == 2
-    assert at.query_params == {"layer": "5", "head": "3", "step": "4", "photo": "cat", "lang": lang}
+    assert at.query_params == {"layer": "5", "head": "3", "step": "4", "photo": "coffee", "lang": lang}
 
 
 def test_a_lesson_link_with_values_it_does_not_offer_opens_its_first_step():
@@ -173,7 +173,7 @@ def test_a_lesson_link_with_values_it_does_not_offer_opens_its_first_step():
     assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
     assert at.session_state["lesson_step.en"] == i18n.text("en", "lesson.tab1")
     assert at.slider(key="lesson_layer").value == 12 and at.selectbox(key="lesson_head.en").value == 0
-    assert at.query_params == {"layer": "12", "head": "1", "step": "1", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"layer": "12", "head": "1", "step": "1", "photo": "coffee", "lang": "en"}
 
 
 def test_a_lesson_link_opens_the_pair_and_the_scaling_the_teacher_set():
@@ -190,7 +190,7 @@ def test_a_lesson_link_opens_the_pair_and_the_scaling_the_teacher_set():
     assert i18n.text("en", "lesson.pair.tokens", q=33, k=114, layer=12, head=1) in texts(at)
     assert i18n.text("en", "lesson.scale.conclusion", dk=16, root=4.0) in texts(at)
     assert at.query_params == {"layer": "12", "head": "1", "query": "r3c5", "key": "r9c2", "dk": "16", "divisor": "4",
-                               "step": "4", "photo": "cat", "lang": "en"}
+                               "step": "4", "photo": "coffee", "lang": "en"}
     at.slider(key="pair_k_row").set_value(8).run()
     at.select_slider(key="scale_dk").set_value(64).run()  # back at the first: the address leaves it out
     assert at.query_params["key"] == "r8c2" and "dk" not in at.query_params
@@ -206,7 +206,7 @@ def test_a_lesson_link_opens_the_last_steps_ranking_fill_and_share_removed():
     assert at.selectbox(key="perturb_head.en").value == 2 and at.radio(key="perturb_fill.en").value == "blur"
     assert at.slider(key="perturb_max").value == 90
     assert at.query_params == {"layer": "12", "head": "1", "rank": "3", "remove": "blur", "upto": "90", "step": "7",
-                               "photo": "cat", "lang": "en"}
+                               "photo": "coffee", "lang": "en"}
     at.selectbox(key="perturb_head.en").set_value("mean").run()
     at.slider(key="perturb_max").set_value(30).run()
     assert "rank" not in at.query_params and at.query_params["upto"] == "30" and at.query_params["remove"] == "blur"
@@ -225,4 +225,4 @@ def test_a_lesson_link_s_pair_and_scaling_the_page_does_not_offer_are_left_out(p
     assert at.slider(key="scale_divisor").value == 1.0 and at.select_slider(key="scale_dk").value == 64
     assert at.selectbox(key="perturb_head.en").value == "mean" and at.radio(key="perturb_fill.en").value == "mean"
     assert at.slider(key="perturb_max").value == 50
-    assert at.query_params == {"layer": "12", "head": "1", "step": "4", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"layer": "12", "head": "1", "step": "4", "photo": "coffee", "lang": "en"}
