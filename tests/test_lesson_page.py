@@ -71,15 +71,34 @@ def test_pair_step_agrees_with_heatmap(pages: dict[str, AppTest], lang: str):
     assert any(s.startswith(prefix) for s in shown)
 
 
-def test_perturbation_test_runs_and_gives_a_verdict(pages: dict[str, AppTest]):
+def test_perturbation_test_runs_and_says_what_its_chart_shows(pages: dict[str, AppTest], real_model):
+    """The sentence under the chart is the chart's own: the areas under the red and grey curves and where they end,
+    recomputed here from the same removal test (layer 12, mean of heads, mean colour, up to 50 %, seed 0)."""
+    import numpy as np
+
+    import attnviz
+    from attnviz import lesson
+    from attnviz_app.settings import DEFAULT_PHOTO
+
     # English only: after a rerun AppTest formats translated radio labels outside the session (always "en").
     page = pages["en"]
     charts_before = len(page.get("vega_lite_chart"))
     page.button(key="perturb_run").click().run()
     assert not page.exception, [e.value for e in page.exception]
-    starts = {i18n.text("en", f"lesson.explain.{v}", gap=0, margin=0, attended=0, random=0, percent=0)[:40]
-              for v in ("more", "same", "less")}
-    assert any(i.value[:40] in starts for i in page.info)
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample(DEFAULT_PHOTO), real_model).image)
+    result = lesson.perturbation(real_model, cap, 11, "mean", fill="mean", max_fraction=0.5)
+    race = result.race
+    x = result.fractions
+    assert race.attended_area == pytest.approx(np.trapezoid(result.attended, x), abs=1e-12)
+    assert race.random_area == pytest.approx(np.trapezoid(result.random_mean, x), abs=1e-12)
+    assert (race.attended_end, race.random_end) == (result.attended[-1], result.random_mean[-1])
+    ahead = race.attended_area - race.random_area > race.area_spread
+    assert race.story in (("ahead", "mostly_ahead", "caught_up", "overtaken") if ahead else ("same", "behind"))
+    if race.random_end > race.attended_end + race.end_spread:  # the grey curve ends above: the sentence says so
+        assert race.story in ("overtaken", "behind")
+    said = [i.value for i in page.info if i.value == lesson.race_sentence(race, "en")]
+    assert said, [i.value for i in page.info]
+    assert f"{race.attended_area:.4f}" in said[0] and f"{race.random_end:.4f}" in said[0]
     assert len(page.get("vega_lite_chart")) == charts_before + 1  # the output-change plot
     for chart in page.get("vega_lite_chart"):  # every chart of the lesson: its tooltips say what they show
         assert untitled_tooltips(json.loads(chart.proto.spec)) == [], chart.proto.spec[:300]
