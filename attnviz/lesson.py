@@ -21,7 +21,7 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from . import interventions
+from . import i18n, interventions
 from .capture import Capture, Head
 from .neuron import window_pair
 from .models import Model
@@ -246,21 +246,74 @@ class Perturbation:
         return self.random.mean(0)
 
     @property
-    def gap(self) -> float:
-        """Mean over steps of (attended − random) change: > 0 when the map points at what matters."""
-        return float((self.attended - self.random_mean).mean())
+    def race(self) -> "Race":
+        """What the chart shows, in its own numbers (:func:`race`)."""
+        return race(self)
 
-    @property
-    def margin(self) -> float:
-        """How much random orders disagree among themselves: mean over steps of half their range."""
-        return float(((self.random.max(0) - self.random.min(0)) / 2).mean())
 
-    @property
-    def verdict(self) -> Literal["more", "same", "less"]:
-        """Did removing the most-attended patches change the output more than random removal did?"""
-        if self.gap > self.margin:
-            return "more"
-        return "less" if self.gap < -self.margin else "same"
+Story = Literal["ahead", "mostly_ahead", "caught_up", "overtaken", "same", "behind"]
+
+
+@dataclass(frozen=True)
+class Race:
+    """The step-7 chart in numbers: the red curve (most-attended patches removed first) against the grey one (the mean
+    of the random orders), by the area under each over the share of patches removed (0 … ``percent`` / 100) and by
+    where each ends. A difference is only told when it is beyond how much the random orders disagree among
+    themselves (half the range of their own areas, or of their own end points)."""
+
+    attended_area: float
+    random_area: float
+    area_spread: float  # half the range of the random orders' areas
+    attended_end: float  # the red curve at the last step
+    random_end: float  # the grey curve at the last step
+    end_spread: float  # half the range of the random orders at the last step
+    percent: float  # patches removed at the last step, in %
+    level_at: tuple[float, ...]  # % removed (after 0) where the grey curve is level with or above the red one
+    story: Story
+    # ahead: more on area, and above the grey curve at every step · mostly_ahead: more on area and at the end, level
+    # with or below it somewhere between · caught_up: more on area, but the ends are within the random orders' spread
+    # · overtaken: more on area, but random removal ends higher · same: areas within the spread · behind: less on area
+
+
+def area(fractions: np.ndarray, curve: np.ndarray) -> np.ndarray:
+    """(...) areas under curves (..., steps + 1) drawn through the points (fractions, curve), by the trapezoid rule."""
+    heights = (curve[..., 1:] + curve[..., :-1]) / 2
+    return (heights * np.diff(fractions)).sum(-1)
+
+
+def race(p: Perturbation) -> Race:
+    """:class:`Race` of a removal test: which curve is ahead, on area and at the end, and whether random removal
+    catches up with or overtakes the most-attended-first order."""
+    x = p.fractions
+    mean = p.random_mean
+    areas = area(x, p.random)  # (R,): each random order's own
+    attended_area, random_area = float(area(x, p.attended)), float(area(x, mean))
+    area_spread = float((areas.max() - areas.min()) / 2)
+    attended_end, random_end = float(p.attended[-1]), float(mean[-1])
+    end_spread = float((p.random[:, -1].max() - p.random[:, -1].min()) / 2)
+    level = tuple(float(100 * f) for f, a, r in zip(x[1:], p.attended[1:], mean[1:]) if r >= a)
+    lead, end = attended_area - random_area, attended_end - random_end
+    story: Story
+    if lead > area_spread:
+        if end < -end_spread:
+            story = "overtaken"
+        elif end <= end_spread:
+            story = "caught_up"
+        else:
+            story = "mostly_ahead" if level else "ahead"
+    else:
+        story = "behind" if lead < -area_spread else "same"
+    return Race(attended_area, random_area, area_spread, attended_end, random_end, end_spread, float(100 * x[-1]),
+                level, story)
+
+
+def race_sentence(race: Race, lang: str = "en") -> str:
+    """What the chart shows, in ``lang``, with the chart's numbers: which curve is ahead on area and at the end, and
+    whether random removal catches up with or overtakes the most-attended-first order."""
+    return i18n.text(lang, f"lesson.explain.{race.story}", attended_area=race.attended_area,
+                     random_area=race.random_area, area_spread=race.area_spread, attended_end=race.attended_end,
+                     random_end=race.random_end, end_spread=race.end_spread, percent=race.percent,
+                     level=i18n.join(lang, (f"{p:.0f}%" for p in race.level_at)))
 
 
 def fill_image(x: torch.Tensor, fill: Fill, patch: int) -> torch.Tensor:

@@ -36,9 +36,9 @@ def warm() -> None:
     views.registered()  # every view module (altair, pandas, matplotlib): the first page run imports none
 
     # The page's own caches (st.cache_resource works before the server starts, and it is the same cache):
-    # the first visitor's run, with the sidebar's defaults and the first sample photo, then only reads them.
+    # the first visitor's run, with the sidebar's defaults and the page's first photo, then only reads them.
     settings = Settings(None, ui.DEFAULT_SIZES[0], None, "cpu", "crop")
-    sample = attnviz.photos.SAMPLES[0]
+    sample = ui.DEFAULT_PHOTO
     name, data = f"{sample}.jpg", attnviz.photos.sample(sample).read_bytes()
     model = ui.cached_model(*settings.key, serving.policy().runtime)  # the key the first page run asks for
     photo_digest = ui.digest(data)

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_SIZES = (196, 224, 448, 518)  # the Size box for the offline default; other models: NATIVE, 224, 448
+# The photo the page opens on: of the samples, the one whose last-layer map (the Layer slider's first value) lands most
+# on its object at 196 px — python -m bench.defaults measures it, docs/classroom.md has the table and the rule.
+DEFAULT_PHOTO = "coffee"
 NATIVE = 0  # the Size box's "the model's own size": a select box shows None as no choice ("Choose an option")
 
 

@@ -25,7 +25,7 @@ from attnviz.shared_photos import SharedPhotos
 
 from . import tuning
 from .priority import priority
-from .settings import DEFAULT_SIZES, NATIVE, Settings
+from .settings import DEFAULT_PHOTO, DEFAULT_SIZES, NATIVE, Settings
 from .text import device_label, t
 
 CAPTURE_CACHE_ENTRIES = 12  # ≤ 12 × 54 MB at 518 px; ≤ 12 × 8 MB at 196 px
@@ -323,6 +323,7 @@ def image_input(model: attnviz.Model | None = None, settings: Settings | None = 
     if source == "camera":
         shot = st.camera_input(t("input.camera"), key="camera")
         return (shot.getvalue(), "camera.jpg") if shot is not None else None
+    first_value("sample", DEFAULT_PHOTO)
     sample = box.selectbox(t("input.sample"), list(attnviz.photos.SAMPLES), format_func=lambda s: t(f"samples.{s}"), key="sample",
                           placeholder=t("classroom.choose"))
     return attnviz.photos.sample(sample).read_bytes(), f"{sample}.jpg"

@@ -22,6 +22,8 @@ def test_first_view_shows_the_heatmap_and_the_facts(app):
     assert [s.label for s in app.slider if s.key == "layer"] == ["Layer"]
     assert app.selectbox(key="head").label == "Head"
     assert app.slider(key="layer").value == 12 and app.selectbox(key="head").value == "mean"
+    # the photo and layer measured to land most on their object (python -m bench.defaults, docs/classroom.md)
+    assert app.selectbox(key="sample").value == "coffee" and app.radio(key="source").value == "sample"
     facts = next(m.value for m in app.markdown if "**Tokens:**" in m.value)
     assert "**14 × 14**" in facts and "**197**" in facts and "d_k = 64" in facts
     assert any("no class predictions" in i.value for i in app.info)
@@ -35,7 +37,7 @@ def test_layer_and_head_change_the_picture_to_the_librarys_map_of_that_layer_and
     original = render.overlay
     monkeypatch.setattr(render, "overlay", lambda view, grid_map, **kw: drawn.append(grid_map) or original(
         view, grid_map, **kw))
-    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("cat"), real_model).image)
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("coffee"), real_model).image)
     shown = {"first": heatmap_url(app)}  # layer 12, mean of all heads
     for step, (layer, head) in {"layer": (3, "mean"), "head": (3, 2), "layer again": (12, 2)}.items():
         drawn.clear()
@@ -121,7 +123,8 @@ def test_kept_choices_log_no_session_state_warning(monkeypatch):
     monkeypatch.setattr(policies._LOGGER, "warning", lambda message, *args, **_: logged.append(message % args))
     at = AppTest.from_file(str(APP), default_timeout=180).run()
     at.slider(key="layer").set_value(5).run()
-    at.selectbox(key="sample").set_value(at.selectbox(key="sample").options[1]).run()
+    shown = at.selectbox(key="sample")
+    at.selectbox(key="sample").set_value(next(o for o in shown.options if o != shown.value)).run()
     assert not at.exception
     assert at.slider(key="layer").value == 5 and at.slider(key="alpha").value == 0.6  # kept, and the first value
     assert at.toggle(key="smooth").value is False
@@ -129,29 +132,35 @@ def test_kept_choices_log_no_session_state_warning(monkeypatch):
 
 
 def test_how_to_read_says_what_this_capture_does_in_depth(app, real_model, cat):
-    """The tip under the heatmap is measured on the photo shown, recomputed here with numpy from the timm
-    capture's weights: on the cat, this model's class token is most spread out in a late layer (the tip
-    used to say that later layers gather on the object)."""
+    """The tip under the heatmap is measured on the photo shown (the cup of coffee), recomputed here with numpy from
+    the timm capture's weights: this model's class token is most spread out in a late layer (the tip used to say
+    that later layers gather on the object), and layer 12's map of the mean of heads is concentrated: its
+    brightest 20 of 196 patches hold 42 % of its weight (diffuse below 25 %)."""
     import math
 
     import numpy as np
 
     import attnviz
 
-    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "coffee.jpg", real_model).image)
     rows = [np.asarray(cap.weights(layer, h)[0], dtype=np.float64) for layer in range(12) for h in range(6)]
     rows = np.array(rows).reshape(12, 6, -1)  # (L, H, N): the class token's rows
     def nats(p):
         return -(p * np.log(p)).sum(-1)
     mean_map = nats(rows.mean(1))
     focused, spread = int(mean_map.argmin()), int(mean_map.argmax())
-    assert spread >= 6 > focused  # this model on the cat: concentrated early, spread late
+    assert spread >= 6 > focused  # this model on the cup: concentrated early, spread late
     heads = nats(rows[11])
     tip = next(m.value for m in app.markdown if "most concentrated in layer" in m.value)
     assert (f"most concentrated in layer {focused + 1} and most spread out in layer {spread + 1}: its entropy "
             f"there is {mean_map[focused]:.2f} and {mean_map[spread]:.2f} nats") in tip, tip
     assert f"ln 197 = {math.log(197):.2f}" in tip
     assert f"in layer 12 their entropies range from {heads.min():.2f} to {heads.max():.2f} nats" in tip, tip
+    patches = rows[11].mean(0)[1:]  # the map shown: the mean of heads over the 196 patches
+    top = np.sort(patches)[::-1][:20].sum() / patches.sum()
+    assert 0.25 < top < 0.5  # measured 0.424: concentrated
+    assert (f"This map is concentrated: its brightest 20 of 196 patches hold {top:.1%} of its weight, where an even "
+            f"spread would give 10.2% (below 25% this page calls a map diffuse).") in tip, tip
 
 
 def test_where_there_is_a_gpu_the_device_box_offers_it_first(monkeypatch):

@@ -15,14 +15,17 @@ import pytest
 
 import attnviz
 from attnviz import ablation, faithfulness as fa
-from conftest import ASSETS
+
 from serve import MEASURE, SCREENS, choose_view, open_page, pick, settle, shot
 
 LABELS = {"faithfulness": "Does attention explain? All maps tested", "ablation": "Switch heads off (causal test)",
           "neuron": "One weight, from q and k (neuron view)"}
 @pytest.fixture(scope="module")
-def cat_capture(real_model):
-    return attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+def page_capture(real_model):
+    """The capture of the page's first photo (settings.DEFAULT_PHOTO), as the page decodes it."""
+    from attnviz_app.settings import DEFAULT_PHOTO
+
+    return attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample(DEFAULT_PHOTO), real_model).image)
 
 
 def open_view(page, url: str, key: str) -> None:
@@ -41,14 +44,14 @@ def click_in(page, selector: str, fx: float, fy: float) -> None:
 
 
 @pytest.mark.browser
-def test_click_a_head_off_and_pick_a_query_patch(app_in_chromium, real_model, cat_capture):
+def test_click_a_head_off_and_pick_a_query_patch(app_in_chromium, real_model, page_capture):
     url, browser = app_in_chromium
     page = open_page(browser, "desktop")
     open_view(page, url, "ablation")
     page.locator(".st-key-ablation_run button").click()
     page.get_by_text("rank correlation (Spearman)").wait_for(timeout=180_000)
     settle(page)
-    grid = ablation.head_ablation(real_model, cat_capture)
+    grid = ablation.head_ablation(real_model, page_capture)
     text = page.locator("[data-testid='stAlertContentInfo']").first.inner_text()
     assert f"{grid.entropy_correlation:+.2f} over the 72 heads" in text
     follows = {"little": "says little", "more": "focused heads (low entropy) tend to matter more",
@@ -63,8 +66,8 @@ def test_click_a_head_off_and_pick_a_query_patch(app_in_chromium, real_model, ca
     shot(page, "ablation_desktop_en_off")
     chosen = page.locator("[data-testid='stMultiSelect']").first.inner_text()
     layer, head = (int(n) for n in re.search(r"layer (\d+), head (\d+)", chosen).groups())
-    ablated = ablation.ablated_capture(real_model, cat_capture, [(layer - 1, head - 1)])
-    out, base = ablated.output.double(), cat_capture.output.double()
+    ablated = ablation.ablated_capture(real_model, page_capture, [(layer - 1, head - 1)])
+    out, base = ablated.output.double(), page_capture.output.double()
     cos = float(out @ base / (out.norm() * base.norm()))
     said = " ".join(page.locator("[data-testid='stAlertContentInfo']").all_inner_texts())
     assert f"cosine similarity {cos:.4f}" in said, said
@@ -79,7 +82,7 @@ def test_click_a_head_off_and_pick_a_query_patch(app_in_chromium, real_model, ca
     key_title = page.get_by_text(re.compile(r"Key patch \(row \d+, column \d+\)")).first.inner_text()
     krow, kcol = (int(n) - 1 for n in re.findall(r"\d+", key_title))
     layer = 11  # the page's default layer: the last
-    weight = float(cat_capture.weights(layer, 0)[1 + row * 14 + col, 1 + krow * 14 + kcol])
+    weight = float(page_capture.weights(layer, 0)[1 + row * 14 + col, 1 + krow * 14 + kcol])
     assert f"{weight:.6f}" in " ".join(page.locator("[data-testid='stMarkdown']").all_inner_texts())
     shot(page, "neuron_desktop_en")
     # "Show data" opens the numbers a picture shows (where the query looks); the query picker draws only the photo
@@ -110,9 +113,9 @@ def test_faithfulness_shows_progress_and_cancels(app_in_chromium):
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_faithfulness_panel_at_three_sizes(app_in_chromium, real_model, cat_capture):
+def test_faithfulness_panel_at_three_sizes(app_in_chromium, real_model, page_capture):
     url, browser = app_in_chromium
-    result = fa.faithfulness(real_model, cat_capture, fill="token")
+    result = fa.faithfulness(real_model, page_capture, fill="token")
     for name, size in SCREENS.items():
         page = open_page(browser, name)
         open_view(page, url, "faithfulness")

@@ -195,16 +195,56 @@ def test_to_picture_inverts_the_normalisation(real_model, cat):
     assert np.abs(np.asarray(back, dtype=int) - np.asarray(view, dtype=int)).max() <= 1
 
 
-def test_verdict_compares_the_gap_with_the_spread_of_random_orders():
-    def made(attended, random):
-        return lesson.Perturbation(
-            removed=np.array([0, 1, 2]), num_patches=4, attended=np.array(attended), random=np.array(random),
-            metric="cosine", target=None, base_probability=None, order=np.arange(4), random_orders=np.zeros((2, 4)),
-        )
+def made(attended, random=((0, 0.1, 0.2), (0, 0.1, 0.4))) -> lesson.Perturbation:
+    """A removal test of 4 patches in 2 steps (0, 25 % and 50 % removed) with hand-made curves; the random orders'
+    mean is 0, 0.1, 0.3, its area 0.0625 (theirs 0.05 and 0.075: spread ±0.0125), its end spread ±0.1."""
+    return lesson.Perturbation(
+        removed=np.array([0, 1, 2]), num_patches=4, attended=np.array(attended, dtype=float),
+        random=np.array(random, dtype=float), metric="cosine", target=None, base_probability=None,
+        order=np.arange(4), random_orders=np.zeros((2, 4), dtype=int),
+    )
 
-    clear = made([0, 0.5, 0.9], [[0, 0.1, 0.2], [0, 0.1, 0.4]])
-    assert clear.gap == pytest.approx((0.4 + 0.6) / 3) and clear.margin == pytest.approx(0.1 / 3)
-    assert clear.verdict == "more"
-    assert made([0, 0.1, 0.3], [[0, 0.1, 0.2], [0, 0.1, 0.4]]).verdict == "same"
-    assert made([0, 0.0, 0.0], [[0, 0.1, 0.2], [0, 0.1, 0.4]]).verdict == "less"
-    np.testing.assert_allclose(clear.fractions, [0, 0.25, 0.5])
+
+def test_the_race_measures_the_areas_and_ends_of_the_curves_drawn():
+    race = made([0, 0.5, 0.9]).race
+    np.testing.assert_allclose(made([0, 0.5, 0.9]).fractions, [0, 0.25, 0.5])
+    # Trapezoids of width 0.25: red (0 + 0.5) / 2 + (0.5 + 0.9) / 2 = 0.95 → 0.2375; grey (0 + 0.1) / 2 + (0.1 + 0.3) / 2.
+    assert race.attended_area == pytest.approx(0.2375) and race.random_area == pytest.approx(0.0625)
+    assert race.area_spread == pytest.approx(0.0125) and race.end_spread == pytest.approx(0.1)
+    assert (race.attended_end, race.random_end, race.percent) == pytest.approx((0.9, 0.3, 50.0))
+    assert race.level_at == () and race.story == "ahead"
+
+
+@pytest.mark.parametrize("attended, story, level_at", [
+    ([0, 0.5, 0.9], "ahead", ()),  # above the grey curve at every step
+    ([0, 0.05, 0.9], "mostly_ahead", (25.0,)),  # more on area and at the end, below it at 25 %
+    ([0, 0.6, 0.35], "caught_up", ()),  # more on area; ends 0.35 vs 0.3, within the end spread ±0.1
+    ([0, 0.6, 0.15], "overtaken", (50.0,)),  # more on area; ends 0.15 vs 0.3: the issue's chart
+    ([0, 0.1, 0.28], "same", (25.0, 50.0)),  # area 0.06 vs 0.0625, within ±0.0125; level at 25 %
+    ([0, 0.0, 0.0], "behind", (25.0, 50.0)),
+])
+def test_the_race_tells_which_curve_is_ahead_and_whether_random_removal_catches_up(attended, story, level_at):
+    race = made(attended).race
+    assert race.story == story and race.level_at == level_at
+    # the area is the chart's own: the trapezoid rule over the points drawn
+    assert race.attended_area == pytest.approx(float(np.trapezoid(attended, [0, 0.25, 0.5])))
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_the_step_7_sentence_says_random_removal_overtook_with_the_charts_numbers(lang):
+    from attnviz import i18n
+
+    def race_sentence(race):
+        return lesson.race_sentence(race, lang)
+
+    race = made([0, 0.6, 0.15]).race  # red 0 → 0.6 → 0.15, grey 0 → 0.1 → 0.3: ahead on area, behind at 50 %
+    said = race_sentence(race)
+    assert said == i18n.text(lang, "lesson.explain.overtaken", attended_area=0.16875, random_area=0.0625,
+                             area_spread=0.0125, attended_end=0.15, random_end=0.3, end_spread=0.1, percent=50,
+                             level="50%")
+    for number in ("0.1688", "0.0625", "0.1500", "0.3000", "50%"):
+        assert number in said
+    overtakes = {"en": "But random removal overtakes it", "zh-TW": "但隨機移除超越了它"}[lang]
+    assert overtakes in said and overtakes not in race_sentence(made([0, 0.5, 0.9]).race)
+    mostly = race_sentence(made([0, 0.05, 0.9]).race)  # the steps where the grey curve is level or above, listed
+    assert ("at 25%" if lang == "en" else "在 25% 時") in mostly

@@ -71,15 +71,34 @@ def test_pair_step_agrees_with_heatmap(pages: dict[str, AppTest], lang: str):
     assert any(s.startswith(prefix) for s in shown)
 
 
-def test_perturbation_test_runs_and_gives_a_verdict(pages: dict[str, AppTest]):
+def test_perturbation_test_runs_and_says_what_its_chart_shows(pages: dict[str, AppTest], real_model):
+    """The sentence under the chart is the chart's own: the areas under the red and grey curves and where they end,
+    recomputed here from the same removal test (layer 12, mean of heads, mean colour, up to 50 %, seed 0)."""
+    import numpy as np
+
+    import attnviz
+    from attnviz import lesson
+    from attnviz_app.settings import DEFAULT_PHOTO
+
     # English only: after a rerun AppTest formats translated radio labels outside the session (always "en").
     page = pages["en"]
     charts_before = len(page.get("vega_lite_chart"))
     page.button(key="perturb_run").click().run()
     assert not page.exception, [e.value for e in page.exception]
-    starts = {i18n.text("en", f"lesson.explain.{v}", gap=0, margin=0, attended=0, random=0, percent=0)[:40]
-              for v in ("more", "same", "less")}
-    assert any(i.value[:40] in starts for i in page.info)
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample(DEFAULT_PHOTO), real_model).image)
+    result = lesson.perturbation(real_model, cap, 11, "mean", fill="mean", max_fraction=0.5)
+    race = result.race
+    x = result.fractions
+    assert race.attended_area == pytest.approx(np.trapezoid(result.attended, x), abs=1e-12)
+    assert race.random_area == pytest.approx(np.trapezoid(result.random_mean, x), abs=1e-12)
+    assert (race.attended_end, race.random_end) == (result.attended[-1], result.random_mean[-1])
+    ahead = race.attended_area - race.random_area > race.area_spread
+    assert race.story in (("ahead", "mostly_ahead", "caught_up", "overtaken") if ahead else ("same", "behind"))
+    if race.random_end > race.attended_end + race.end_spread:  # the grey curve ends above: the sentence says so
+        assert race.story in ("overtaken", "behind")
+    said = [i.value for i in page.info if i.value == lesson.race_sentence(race, "en")]
+    assert said, [i.value for i in page.info]
+    assert f"{race.attended_area:.4f}" in said[0] and f"{race.random_end:.4f}" in said[0]
     assert len(page.get("vega_lite_chart")) == charts_before + 1  # the output-change plot
     for chart in page.get("vega_lite_chart"):  # every chart of the lesson: its tooltips say what they show
         assert untitled_tooltips(json.loads(chart.proto.spec)) == [], chart.proto.spec[:300]
@@ -163,7 +182,7 @@ def test_a_link_opens_the_lessons_step_layer_and_head(lang):
     assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
     assert at.session_state[f"lesson_step.{lang}"] == i18n.text(lang, "lesson.tab4")
     assert at.slider(key="lesson_layer").value == 5 and at.selectbox(key=f"lesson_head.{lang}").value == 2
-    assert at.query_params == {"layer": "5", "head": "3", "step": "4", "photo": "cat", "lang": lang}
+    assert at.query_params == {"layer": "5", "head": "3", "step": "4", "photo": "coffee", "lang": lang}
 
 
 def test_a_lesson_link_with_values_it_does_not_offer_opens_its_first_step():
@@ -173,7 +192,7 @@ def test_a_lesson_link_with_values_it_does_not_offer_opens_its_first_step():
     assert not at.exception and not at.error and not at.warning, [e.value for e in [*at.exception, *at.error, *at.warning]]
     assert at.session_state["lesson_step.en"] == i18n.text("en", "lesson.tab1")
     assert at.slider(key="lesson_layer").value == 12 and at.selectbox(key="lesson_head.en").value == 0
-    assert at.query_params == {"layer": "12", "head": "1", "step": "1", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"layer": "12", "head": "1", "step": "1", "photo": "coffee", "lang": "en"}
 
 
 def test_a_lesson_link_opens_the_pair_and_the_scaling_the_teacher_set():
@@ -190,7 +209,7 @@ def test_a_lesson_link_opens_the_pair_and_the_scaling_the_teacher_set():
     assert i18n.text("en", "lesson.pair.tokens", q=33, k=114, layer=12, head=1) in texts(at)
     assert i18n.text("en", "lesson.scale.conclusion", dk=16, root=4.0) in texts(at)
     assert at.query_params == {"layer": "12", "head": "1", "query": "r3c5", "key": "r9c2", "dk": "16", "divisor": "4",
-                               "step": "4", "photo": "cat", "lang": "en"}
+                               "step": "4", "photo": "coffee", "lang": "en"}
     at.slider(key="pair_k_row").set_value(8).run()
     at.select_slider(key="scale_dk").set_value(64).run()  # back at the first: the address leaves it out
     assert at.query_params["key"] == "r8c2" and "dk" not in at.query_params
@@ -206,7 +225,7 @@ def test_a_lesson_link_opens_the_last_steps_ranking_fill_and_share_removed():
     assert at.selectbox(key="perturb_head.en").value == 2 and at.radio(key="perturb_fill.en").value == "blur"
     assert at.slider(key="perturb_max").value == 90
     assert at.query_params == {"layer": "12", "head": "1", "rank": "3", "remove": "blur", "upto": "90", "step": "7",
-                               "photo": "cat", "lang": "en"}
+                               "photo": "coffee", "lang": "en"}
     at.selectbox(key="perturb_head.en").set_value("mean").run()
     at.slider(key="perturb_max").set_value(30).run()
     assert "rank" not in at.query_params and at.query_params["upto"] == "30" and at.query_params["remove"] == "blur"
@@ -225,4 +244,4 @@ def test_a_lesson_link_s_pair_and_scaling_the_page_does_not_offer_are_left_out(p
     assert at.slider(key="scale_divisor").value == 1.0 and at.select_slider(key="scale_dk").value == 64
     assert at.selectbox(key="perturb_head.en").value == "mean" and at.radio(key="perturb_fill.en").value == "mean"
     assert at.slider(key="perturb_max").value == 50
-    assert at.query_params == {"layer": "12", "head": "1", "step": "4", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"layer": "12", "head": "1", "step": "4", "photo": "coffee", "lang": "en"}

@@ -25,27 +25,27 @@ def headings(at: AppTest) -> str:
 
 
 def test_a_link_opens_the_view_layer_head_photo_and_language_it_names():
-    at = opened(view="query", layer="3", head="2", photo="coffee", lang="zh-TW")
+    at = opened(view="query", layer="3", head="2", photo="astronaut", lang="zh-TW")
     assert at.selectbox(key="view").value == "query"
     assert at.slider(key="layer").value == 3 and at.selectbox(key="head").value == 2
-    assert at.selectbox(key="sample").value == "coffee" and at.selectbox(key="lang").value == "zh-TW"
+    assert at.selectbox(key="sample").value == "astronaut" and at.selectbox(key="lang").value == "zh-TW"
     assert i18n.text("zh-TW", "views.query") in at.selectbox(key="view").options  # the page speaks Chinese
-    # the view drawn is layer 3, head 2 of the coffee photo
+    # the view drawn is layer 3, head 2 of the astronaut photo
     title = i18n.text("zh-TW", "analysis.query.title", layer=3, head=i18n.text("zh-TW", "view.head_n", n=2), token="{token}")
     assert any(h.value.startswith(title.partition("{token}")[0]) for h in at.subheader), [h.value for h in at.subheader]
-    assert any(i18n.text("zh-TW", "samples.coffee") in c.value for c in at.caption) or \
-        at.selectbox(key="sample").value == "coffee"
-    assert at.query_params == {"view": "query", "layer": "3", "head": "2", "query": "cls", "photo": "coffee",
+    assert any(i18n.text("zh-TW", "samples.astronaut") in c.value for c in at.caption) or \
+        at.selectbox(key="sample").value == "astronaut"
+    assert at.query_params == {"view": "query", "layer": "3", "head": "2", "query": "cls", "photo": "astronaut",
                                "lang": "zh-TW"}
 
 
 def test_the_address_follows_the_page():
     at = opened()
-    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "coffee", "lang": "en"}
     at.slider(key="layer").set_value(5).run()
     at.selectbox(key="head").set_value("max").run()
     at.selectbox(key="view").set_value("heads").run()
-    assert at.query_params == {"view": "heads", "layer": "5", "head": "max", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"view": "heads", "layer": "5", "head": "max", "photo": "coffee", "lang": "en"}
     # a link's choices are read once: a later run takes the widgets' values, not the address's
     at.query_params["layer"] = "2"
     at.run()
@@ -65,9 +65,9 @@ def test_the_address_follows_the_page():
 def test_values_the_page_does_not_offer_are_left_out(params):
     at = opened(**params)
     assert at.selectbox(key="view").value == "cls" and at.slider(key="layer").value == 12
-    assert at.selectbox(key="head").value == "mean" and at.selectbox(key="sample").value == "cat"
+    assert at.selectbox(key="head").value == "mean" and at.selectbox(key="sample").value == "coffee"
     assert at.selectbox(key="lang").value == "en"
-    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "coffee", "lang": "en"}
 
 
 def test_the_presenter_views_qr_code_opens_the_view_on_the_projector(monkeypatch):
@@ -141,7 +141,7 @@ def test_a_link_names_the_input_size_where_it_is_not_the_first():
 def test_a_model_or_size_the_server_does_not_offer_is_left_out(params):
     at = opened(**params)
     assert at.selectbox(key="model_choice").value == "default" and at.selectbox(key="size").value == 196
-    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"view": "cls", "layer": "12", "head": "mean", "photo": "coffee", "lang": "en"}
 
 
 def test_a_link_opens_a_views_own_controls_and_the_display_controls_it_reads():
@@ -195,7 +195,7 @@ def test_control_values_the_page_does_not_offer_are_left_out(params):
     assert at.slider(key="rollout_layers").value == (1, 12) and at.selectbox(key="rollout_fusion").value == "mean"
     assert at.slider(key="rollout_discard").value == 0.0 and at.selectbox(key="cmap").value == "inferno"
     assert at.slider(key="alpha").value == 0.6 and at.toggle(key="smooth").value is False
-    assert at.query_params == {"view": "rollout", "layer": "12", "head": "mean", "photo": "cat", "lang": "en"}
+    assert at.query_params == {"view": "rollout", "layer": "12", "head": "mean", "photo": "coffee", "lang": "en"}
 
 
 def test_link_names_are_unique_across_the_page():

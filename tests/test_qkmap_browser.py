@@ -13,7 +13,7 @@ from PIL import Image
 
 import attnviz
 from attnviz import i18n
-from conftest import ASSETS, Q, K
+from conftest import Q, K
 from serve import MEASURE, choose_view, open_page, pick, quiet, settle, shot
 
 LABEL = "Q/K map (every query and key)"
@@ -23,8 +23,11 @@ EXPAND_SIDEBAR = "[data-testid='stExpandSidebarButton'], [data-testid='stSidebar
 
 
 def expected_numbers(real_model, layer: int, head: int) -> tuple[float, float, float]:
-    """ρ(q·k, 2-D distance) and R of row / column, by hand: SVD PCA of the raw q and k, ranks, least squares."""
-    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+    """ρ(q·k, 2-D distance) and R of row / column on the page's first photo, by hand: SVD PCA of the raw q and k, ranks,
+    least squares."""
+    from attnviz_app.settings import DEFAULT_PHOTO
+
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample(DEFAULT_PHOTO), real_model).image)
     q, k = Q(cap)[layer, head].double().numpy(), K(cap)[layer, head].double().numpy()
     points = np.concatenate([q, k])
     centred = points - points.mean(0)

@@ -56,13 +56,13 @@ def test_umap_on_the_page_when_installed(real_model):
     pytest.importorskip("umap", reason="UMAP needs umap-learn (pip install 'attnviz[qk]')")
     import attnviz
     from attnviz import qkmap
-    from conftest import ASSETS
-
     at = _qk_page("en", "umap")
     box = at.selectbox(key="qk_method")
     assert i18n.text("en", "qkmap.method_umap") in box.options and box.value == "umap"
     assert not at.warning  # no "needs the package" note
-    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)
+    from attnviz_app.settings import DEFAULT_PHOTO
+
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample(DEFAULT_PHOTO), real_model).image)
     umap_rho = qkmap.statistics(qkmap.qk_map(cap, 11, 2, method="umap", normalize="none")).distance_rho
     pca_rho = qkmap.statistics(qkmap.qk_map(cap, 11, 2, normalize="none")).distance_rho
     assert f"{umap_rho:+.2f}" != f"{pca_rho:+.2f}"  # else the sentence below could not tell them apart

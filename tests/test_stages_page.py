@@ -148,7 +148,7 @@ def test_a_swin_link_opens_the_stage_block_head_and_query_patch_it_names(owner):
     at.run()  # no view named: a model with stages opens on its stages
     assert not at.exception and at.selectbox(key="stage").value == 3 and at.selectbox(key="stage_block_3").value == 1
     assert at.selectbox(key="stage_head").value == "mean" and at.radio(key="stage_show").value == "summary"
-    assert at.query_params == {"view": "stages", "photo": "cat", "model": CHOICE, "lang": "en"}
+    assert at.query_params == {"view": "stages", "photo": "coffee", "model": CHOICE, "lang": "en"}
 
 
 def test_the_page_numbers_are_the_library_numbers(owner):

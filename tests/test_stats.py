@@ -86,3 +86,57 @@ def test_depth_trend_reads_the_distance_panel():
     assert trend.second_half == pytest.approx((50 + 110 + 40 + 30 + 20) / 5)
     one = depth_trend(HeadStats(np.zeros((1, 2)), np.array([[5.0, 7.0]]), np.zeros((1, 2)), 17, 8.0, 10.0))
     assert one.half == 0 and np.isnan(one.first_half) and one.second_half == 6.0
+
+
+def test_concentration_of_hand_made_maps():
+    from attnviz.stats import DIFFUSE_BELOW, concentration
+
+    even = concentration(np.ones((14, 14)))
+    assert (even.top_cells, even.cells) == (20, 196)  # ⌈19.6⌉ cells
+    assert even.top == pytest.approx(20 / 196) == pytest.approx(even.even) and even.diffuse
+    one = np.zeros((14, 14))
+    one[3, 4] = 0.5
+    assert concentration(one).top == 1.0 and not concentration(one).diffuse
+    # 20 cells: the brightest 2 hold (5 + 4) of 5 + 4 + 18 · 1 = 27.
+    ramp = np.ones((4, 5))
+    ramp[0, 0], ramp[2, 3] = 5, 4
+    assert concentration(ramp).top == pytest.approx(9 / 27)
+    assert concentration(ramp).diffuse == (9 / 27 < DIFFUSE_BELOW)
+    with pytest.raises(ValueError):
+        concentration(np.zeros((2, 2)))
+
+
+def spread_capture(sharpness: float) -> attnviz.Capture:
+    """One layer, two heads over 14 × 14 patches: the class token's logits rise by ``sharpness`` towards the top-left
+    corner of the grid (0: an even map)."""
+    grid, d = 14, 1
+    n = 1 + grid * grid
+    rows, cols = np.divmod(np.arange(grid * grid), grid)
+    closeness = torch.tensor(-(rows + cols) / (2 * grid - 2), dtype=torch.float32)  # 0 at (0, 0), −1 at the far corner
+    query, key = torch.zeros(1, 2, n, d), torch.zeros(1, 2, n, d)
+    query[0, :, 0, 0] = 1.0
+    key[0, :, 1:, 0] = sharpness * closeness
+    return attnviz.Capture.of_tokens(query, key, 1.0, (grid, grid), 1, torch.zeros(1, 3, 196, 196), torch.zeros(1, 4))
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_the_reading_note_calls_a_diffuse_map_diffuse_with_its_own_number(lang, monkeypatch):
+    import streamlit as st
+
+    from attnviz import i18n, stats
+    from attnviz_app.views.cls import spread_sentence
+
+    monkeypatch.setitem(st.session_state, "lang", lang)
+    diffuse, focused = spread_capture(0.0).summary_map(0, "mean"), spread_capture(30.0).summary_map(0, "mean")
+    low, high = stats.concentration(diffuse), stats.concentration(focused)
+    assert low.top == pytest.approx(20 / 196, abs=1e-6) and high.top > 0.9  # constructed far from the threshold
+    said = spread_sentence(diffuse)
+    assert said == i18n.text(lang, "view.reading_diffuse", top_cells=20, cells=196, top=low.top, even=20 / 196,
+                             limit=stats.DIFFUSE_BELOW)
+    assert "10.2%" in said and "25%" in said  # the capture's own share, an even map's, and the threshold
+    other = spread_sentence(focused)
+    assert other == i18n.text(lang, "view.reading_focused", top_cells=20, cells=196, top=high.top, even=20 / 196,
+                              limit=stats.DIFFUSE_BELOW)
+    assert f"{high.top:.1%}" in other
+    diffuse_start = i18n.catalogue(lang)["view.reading_diffuse"].split("{")[0]  # "This map is diffuse: its brightest "
+    assert said.startswith(diffuse_start) and not other.startswith(diffuse_start)

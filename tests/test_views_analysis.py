@@ -13,7 +13,8 @@ import attnviz
 from attnviz.images import open_image
 from attnviz.masks import mass_mask
 from attnviz.rollout import rollout_map
-from conftest import APP, ASSETS, ROOT, Q, K
+from attnviz_app.settings import DEFAULT_PHOTO
+from conftest import APP, ROOT, Q, K
 
 ANALYSIS_VIEWS = ("query", "matrix", "heads", "rollout", "mask", "stats", "relevance")
 
@@ -25,8 +26,8 @@ def app():
 
 @pytest.fixture(scope="module")
 def page_capture(real_model):
-    """The capture the page makes of the default sample (cat.jpg, centre crop)."""
-    image = open_image((ASSETS / "cat.jpg").read_bytes(), "cat.jpg").image
+    """The capture the page makes of its first photo (settings.DEFAULT_PHOTO, centre crop)."""
+    image = open_image(attnviz.photos.sample(DEFAULT_PHOTO).read_bytes(), f"{DEFAULT_PHOTO}.jpg").image
     return attnviz.capture(real_model, image)
 
 
@@ -189,7 +190,7 @@ def test_stats_view_says_what_its_distance_panel_shows(app, page_capture):
                 f"{'farther' if second > first else 'nearer'} with depth.")
     choose(app, "stats")
     assert expected in [i.value for i in app.info]
-    assert first != second  # the cat photo's halves differ (60 and 75 px): the direction word is tested
+    assert first != second  # the photo's halves differ: the direction word is tested
 
 
 def test_relevance_view_explains_itself_without_a_classifier(app):

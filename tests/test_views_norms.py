@@ -9,7 +9,8 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.capture import HIGH_NORM_RATIO, capture_tensor
-from conftest import APP, ASSETS
+from attnviz_app.settings import DEFAULT_PHOTO
+from conftest import APP
 
 
 def test_token_norms_are_the_block_outputs(tiny):
@@ -48,7 +49,7 @@ def test_norms_view_and_class_token_reading_on_the_default_model(lang, real_mode
     at.session_state["view"] = "norms"
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    cap = attnviz.capture(real_model, attnviz.load_photo(ASSETS / "cat.jpg", real_model).image)  # as the page decodes
+    cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample(DEFAULT_PHOTO), real_model).image)  # as the page decodes
     worst = max(range(cap.num_layers), key=lambda i: float(cap.norm_ratio(i).max()))
     layer = at.session_state["layer"] - 1 if "layer" in at.session_state else cap.num_layers - 1
     top = float(cap.norm_ratio(layer).max())

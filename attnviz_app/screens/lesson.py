@@ -17,7 +17,7 @@ with startup.importing():
     from PIL import Image, ImageDraw, ImageFont
 
     from attnviz_app import classroom, heavy, links, sources, ui
-    from attnviz import Capture, Model, lesson, render
+    from attnviz import Capture, Model, i18n, lesson, render
     from attnviz_app.text import listed, t
     from attnviz_app.views.base import patch_named
     from attnviz_app.views.common import described
@@ -518,9 +518,7 @@ def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> 
         ):
             x = lesson.remove_patches(cap.input, order[:last], cap.grid, model.patch, filled)
             col.image(render.enlarge(lesson.to_picture(model, x), 224), caption=f"{caption} · {last}/{result.num_patches}")
-    st.info(t(f"lesson.explain.{result.verdict}", gap=result.gap, margin=result.margin,
-              attended=float(result.attended[-1]), random=float(result.random_mean[-1]),
-              percent=100 * result.fractions[-1]))
+    st.info(lesson.race_sentence(result.race, st.session_state.get("lang") or i18n.DEFAULT))
     st.caption(t("lesson.explain.caveats"))
 
 

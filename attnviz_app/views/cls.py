@@ -27,6 +27,16 @@ def no_class_token_note(cap, layer: int) -> None:
             st.info(t("families.no_cls_note", p=h * w))
 
 
+def spread_sentence(grid_map) -> str | None:
+    """Whether the map shown is diffuse or concentrated, from its own numbers (:func:`attnviz.stats.concentration`);
+    None for a map with no weight to share."""
+    if not grid_map.sum() > 0:
+        return None
+    c = stats.concentration(grid_map)
+    return t("view.reading_diffuse" if c.diffuse else "view.reading_focused", top_cells=c.top_cells, cells=c.cells,
+             top=c.top, even=c.even, limit=stats.DIFFUSE_BELOW)
+
+
 def picture_of(cap, view: Image.Image, layer: int, head, alpha: float, cmap: str, smooth: bool) -> Image.Image:
     """The heatmap of ``layer`` and ``head`` over ``view``, enlarged, with its high-norm patches marked and, where
     the layer attends inside windows, each window outlined."""
@@ -77,9 +87,9 @@ def show(ctx: Context) -> None:
                 reading = t("families.no_cls_reading_windows", t=lay.windows.shape[1], uniform=1 / keys)
             else:
                 reading = t("families.no_cls_reading_body", p=patches, uniform=1 / patches)
-            sentence = norm_sentence(cap, ctx.layer)  # what this capture shows, not what models often do
-            if sentence:
-                reading = reading.rstrip() + "\n- " + sentence
+            for sentence in (spread_sentence(grid_map), norm_sentence(cap, ctx.layer)):  # what this capture shows
+                if sentence:
+                    reading = reading.rstrip() + "\n- " + sentence
             st.markdown(reading)
         head_part = ctx.head if isinstance(ctx.head, str) else ctx.head + 1
         download_png(ctx.deferred(picture_of, *drawn), f"attention_layer{ctx.layer + 1}_head{head_part}.png",
