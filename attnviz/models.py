@@ -238,18 +238,26 @@ def wrap(
     size: int,
     device: torch.device | str = "cpu",
     crop_pct: float | None = None,
+    *,
+    grid: tuple[int, int] | None = None,
+    prefix: int | None = None,
 ) -> Model:
-    """Wrap a timm ViT you built yourself (e.g. in a notebook) so attnviz can capture it.
+    """Wrap a ViT you built yourself (e.g. in a notebook) so attnviz can capture it.
+
+    A timm or supported Hugging Face model is read by its family's adapter. Any other PyTorch model is read
+    through the attention calls its forward pass makes (``F.scaled_dot_product_attention``,
+    ``nn.MultiheadAttention``: :mod:`attnviz.adapters.generic`); where its structure does not say which token
+    is which, ``grid=(rows, columns)`` of patches and ``prefix=`` (the tokens before them) say it.
 
     Raises :class:`ModelError` (one sentence) for a network attnviz cannot read exactly: not a
-    ViT, an attention family it cannot reproduce (differential attention, ...), a non-square
-    input, or a ``size`` the network was not built for.
+    ViT, an attention family it cannot reproduce (differential attention, ...), attention computed
+    by hand, a non-square input, or a ``size`` the network was not built for.
     """
     if not isinstance(network, torch.nn.Module):
         raise ModelError(f"wrap() needs a torch.nn.Module (a timm ViT), not {type(network).__name__}.")
     device = checked_device(device)
     network.eval().requires_grad_(False).to(device)
-    adapter = adapter_for(network, size)  # refuses here, not at the first capture
+    adapter = adapter_for(network, size, grid=grid, prefix=prefix)  # refuses here, not at the first capture
     cfg = timm.data.resolve_data_config({}, model=network)
     cfg["input_size"] = (3, size, size)
     if crop_pct is not None:
