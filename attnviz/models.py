@@ -32,6 +32,7 @@ from torchvision import transforms as T
 import attnviz.offline as offline
 import attnviz.weightfiles as weightfiles
 from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
+from .adapters.builder import PREFIX as BUILDER_PREFIX, is_spec as is_builder
 from .errors import HubUnavailable, ModelError
 from .stages import LayerLayout, global_layout
 
@@ -434,7 +435,8 @@ def load_model(
 
     Args:
         name: ``None`` for the offline default; a timm hub name; ``"hf:<folder or repo id>"`` for a
-            Hugging Face checkpoint (local folder or local cache, safetensors only); or, with
+            Hugging Face checkpoint (local folder or local cache, safetensors only); ``"module:callable"``
+            (or ``"py:module:callable"``) for a Python function that builds the network; or, with
             ``checkpoint``, a timm architecture name.
         size: input side S in pixels (a multiple of the patch size). Default 196 for the offline
             model (14 × 14 patches, N = 197), the model's own size otherwise.
@@ -445,6 +447,9 @@ def load_model(
     device = checked_device(device)
     _check_size(size)
     family = family_of_name(name)
+    if family is None and is_builder(name):  # "my_package.vits:build": a Python builder (attnviz.adapters.builder)
+        name = f"{BUILDER_PREFIX}{name}"
+        family = family_of_name(name)
     if family is not None:
         if checkpoint is not None:
             raise ModelError(f"A {family.name} model ({name}) holds its own weights; leave checkpoint= out.")

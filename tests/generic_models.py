@@ -88,6 +88,7 @@ class HandViT(nn.Module):
     def __init__(self, attentions: list[nn.Module], dim: int = 32, patch: int = 8, size: int = 32,
                  class_token: bool = True, classes: int = 5) -> None:
         super().__init__()
+        self.image_size = size  # the input side it was built for (what a builder's model says)
         self.patch_embed = nn.Conv2d(3, dim, patch, patch)
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim)) if class_token else None
         tokens = (size // patch) ** 2 + int(class_token)

@@ -296,3 +296,48 @@ def test_hugging_face_eager_attention_is_refused_with_what_to_load():
     with pytest.raises(ModelError, match=r"^Hugging Face's SiglipVisionModel computes its attention softmax by hand in "
                                          r"SiglipAttention, not through .* \(load it with attn_implementation=\"sdpa\"\)"):
         attnviz.wrap(siglip("eager", head=False), "siglip", "random", 32)
+
+
+# ---- where it shows: the library's and the CLI's --model module:callable, the owner's folder -------------------
+
+
+def test_a_python_builder_loads_by_module_and_callable():
+    model = attnviz.load_model("generic_models:sdpa_vit", device="cpu")
+    assert (model.name, model.size, model.adapter.family) == ("py:generic_models:sdpa_vit", 32, "generic (PyTorch attention calls)")
+    assert model.notes and "ImageNet's mean" in model.notes[0]
+    assert attnviz.load_model("py:generic_models:sdpa_vit", device="cpu").public_name == "generic_models:sdpa_vit"
+    with pytest.raises(ModelError, match=r"^generic_models has no callable nothing, so generic_models:nothing builds"):
+        attnviz.load_model("generic_models:nothing", device="cpu")
+    with pytest.raises(ModelError, match=r"^Could not import no_such_module for the builder no_such_module:build: "):
+        attnviz.load_model("no_such_module:build", device="cpu")
+
+
+def test_the_cli_exports_a_model_built_by_a_python_callable(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from attnviz import cli
+
+    Image.new("RGB", (40, 30), (200, 100, 50)).save(tmp_path / "p.png")
+    out = tmp_path / "out"
+    assert cli.main(["export", str(tmp_path / "p.png"), "--out", str(out), "--model", "generic_models:sdpa_vit",
+                     "--device", "cpu"]) == 0
+    saved = np.load(out / "p.npz")
+    model = attnviz.load_model("generic_models:sdpa_vit", device="cpu")
+    cap = attnviz.load_capture(out / "p.npz")
+    assert saved["attention"].shape == (2, 4, 17, 17)
+    again = attnviz.capture(model, Image.open(tmp_path / "p.png"))
+    assert float(np.abs(saved["attention"] - np.stack([again.layer_weights(i).numpy() for i in range(2)])).max()) < 1e-6
+    assert cap.num_layers == 2
+
+
+def test_the_owners_folder_lists_a_builder_and_the_page_loads_it(tmp_path):
+    from attnviz import serving
+
+    (tmp_path / "my-vit.builder").write_text("generic_models:sdpa_vit\n")
+    (tmp_path / "bad.builder").write_text("import os; os.system('x')\n")  # not module:callable: not listed
+    entries = serving.list_checkpoints(tmp_path)
+    assert [(e.label, e.arch, e.is_folder) for e in entries] == [("my-vit", "py:generic_models:sdpa_vit", True)]
+    assert entries[0].files()[0].name == "generic_models.py"
+    assert serving.model_parameters("py:generic_models:sdpa_vit") == sum(
+        p.numel() for p in attnviz.load_model("py:generic_models:sdpa_vit", device="cpu").network.parameters())
