@@ -341,3 +341,17 @@ def test_the_owners_folder_lists_a_builder_and_the_page_loads_it(tmp_path):
     assert entries[0].files()[0].name == "generic_models.py"
     assert serving.model_parameters("py:generic_models:sdpa_vit") == sum(
         p.numel() for p in attnviz.load_model("py:generic_models:sdpa_vit", device="cpu").network.parameters())
+
+
+def test_hugging_face_swin_is_refused_for_its_windows_in_one_sentence():
+    """SwinModel calls SDPA once per block over every window of the image at once (the windows are its batch axis);
+    where each window lies is in the model's own partition and shift, which the generic path does not infer."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2],
+                                     window_size=4)
+    config._attn_implementation = "sdpa"
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(transformers.SwinModel(config).eval(), "swin", "random", 32)
+    assert str(error.value) == (
+        "Hugging Face's SwinModel computes its attention call 1 over 4 windows of 16 tokens per image, whose places on "
+        "the image the generic path does not infer, so attnviz refuses it rather than guess them.")
