@@ -554,9 +554,12 @@ def _capture_layouts(model: Model, x: torch.Tensor, between_layers: Callable[[],
         raise RuntimeError("the forward pass did not reach every attention layer")
     static = adapter.window_bias or (None,) * len(layouts)
     bias = tuple(recorder.bias.get(layer, static[layer]) for layer in range(len(layouts)))
+    norms = tuple(recorder.norms)
+    if all(n is None for n in norms):  # no layer's tokens read (the generic path): no norms, as in older captures
+        norms = ()
     return Capture(
         query=tuple(recorder.query), key=tuple(recorder.key), bias=bias, layouts=layouts, input=x, output=output,
-        seconds=seconds, token_norms=tuple(recorder.norms), prepared=preparation(model, None),
+        seconds=seconds, token_norms=norms, prepared=preparation(model, None),
         mix=tuple(adapter.window_mix) if adapter.window_mix is not None else (),
         blend=tuple(adapter.window_blend) if adapter.window_blend is not None else (), note=adapter.unread,
     )

@@ -25,7 +25,9 @@ class UsageError(Exception):
 
 def model_arguments(parser: argparse.ArgumentParser, fit_help: str = FIT_HELP, device: bool = True) -> None:
     """Add ``--model``, ``--checkpoint``, ``--size``, ``--fit`` and (with ``device``) ``--device`` to ``parser``."""
-    parser.add_argument("--model", default=None, help="timm model name (default: the offline ViT-S/14)")
+    parser.add_argument("--model", default=None,
+                        help="timm model name, hf:<folder>, or module:callable, a Python function that builds the "
+                             "network (default: the offline ViT-S/14)")
     parser.add_argument("--checkpoint", default=None, help="local .safetensors file for --model's architecture")
     parser.add_argument("--size", type=int, default=None, help="input size in pixels (default 196 for the offline model)")
     parser.add_argument("--fit", choices=("crop", "squash"), default="crop", help=fit_help)

@@ -32,6 +32,7 @@ from torchvision import transforms as T
 import attnviz.offline as offline
 import attnviz.weightfiles as weightfiles
 from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
+from .adapters.builder import PREFIX as BUILDER_PREFIX, is_spec as is_builder
 from .errors import HubUnavailable, ModelError
 from .stages import LayerLayout, global_layout
 
@@ -238,18 +239,26 @@ def wrap(
     size: int,
     device: torch.device | str = "cpu",
     crop_pct: float | None = None,
+    *,
+    grid: tuple[int, int] | None = None,
+    prefix: int | None = None,
 ) -> Model:
-    """Wrap a timm ViT you built yourself (e.g. in a notebook) so attnviz can capture it.
+    """Wrap a ViT you built yourself (e.g. in a notebook) so attnviz can capture it.
+
+    A timm or supported Hugging Face model is read by its family's adapter. Any other PyTorch model is read
+    through the attention calls its forward pass makes (``F.scaled_dot_product_attention``,
+    ``nn.MultiheadAttention``: :mod:`attnviz.adapters.generic`); where its structure does not say which token
+    is which, ``grid=(rows, columns)`` of patches and ``prefix=`` (the tokens before them) say it.
 
     Raises :class:`ModelError` (one sentence) for a network attnviz cannot read exactly: not a
-    ViT, an attention family it cannot reproduce (differential attention, ...), a non-square
-    input, or a ``size`` the network was not built for.
+    ViT, an attention family it cannot reproduce (differential attention, ...), attention computed
+    by hand, a non-square input, or a ``size`` the network was not built for.
     """
     if not isinstance(network, torch.nn.Module):
         raise ModelError(f"wrap() needs a torch.nn.Module (a timm ViT), not {type(network).__name__}.")
     device = checked_device(device)
     network.eval().requires_grad_(False).to(device)
-    adapter = adapter_for(network, size)  # refuses here, not at the first capture
+    adapter = adapter_for(network, size, grid=grid, prefix=prefix)  # refuses here, not at the first capture
     cfg = timm.data.resolve_data_config({}, model=network)
     cfg["input_size"] = (3, size, size)
     if crop_pct is not None:
@@ -426,7 +435,8 @@ def load_model(
 
     Args:
         name: ``None`` for the offline default; a timm hub name; ``"hf:<folder or repo id>"`` for a
-            Hugging Face checkpoint (local folder or local cache, safetensors only); or, with
+            Hugging Face checkpoint (local folder or local cache, safetensors only); ``"module:callable"``
+            (or ``"py:module:callable"``) for a Python function that builds the network; or, with
             ``checkpoint``, a timm architecture name.
         size: input side S in pixels (a multiple of the patch size). Default 196 for the offline
             model (14 × 14 patches, N = 197), the model's own size otherwise.
@@ -437,6 +447,9 @@ def load_model(
     device = checked_device(device)
     _check_size(size)
     family = family_of_name(name)
+    if family is None and is_builder(name):  # "my_package.vits:build": a Python builder (attnviz.adapters.builder)
+        name = f"{BUILDER_PREFIX}{name}"
+        family = family_of_name(name)
     if family is not None:
         if checkpoint is not None:
             raise ModelError(f"A {family.name} model ({name}) holds its own weights; leave checkpoint= out.")

@@ -8,7 +8,9 @@ A visitor picks models from lists; only the owner, at start, decides what the li
   a ``.safetensors`` file whose metadata names it (``{"arch": "vit_small_patch16_224"}``); a timm hub
   folder (``config.json`` with ``"architecture"`` beside ``model.safetensors``); and a Hugging Face
   transformers folder (``config.json`` with ``"model_type"`` plus ``*.safetensors``), loaded as
-  ``load_model("hf:<folder>")``.
+  ``load_model("hf:<folder>")``; and a Python builder, ``<label>.builder`` holding one line
+  ``module:callable`` (a function of the owner's that builds the network, importable by the server),
+  loaded as ``load_model("py:module:callable")`` and read through its attention calls where no family knows it.
 - ``ATTNVIZ_ALLOW_DOWNLOADS=1``: hub models that are not in this computer's cache may be downloaded.
   Otherwise the page offers only hub models already cached, and never downloads.
 - ``ATTNVIZ_MAX_PARAMS`` (default 100M): the parameter budget. Whatever the page may load (a timm
@@ -146,7 +148,25 @@ def _is_timm_arch(name: object) -> bool:
     return isinstance(name, str) and bool(name) and timm.is_model(name.split(".")[0])
 
 
+MAX_BUILDER_BYTES = 1024  # a .builder file holds one line
+
+
+def _builder(path: Path) -> Checkpoint | None:
+    """``<label>.builder``: one line ``module:callable``, the owner's function that builds the network."""
+    from .adapters.builder import FAMILY as BUILDER, is_spec
+
+    try:
+        if weightfiles.regular_file(path).st_size > MAX_BUILDER_BYTES:
+            return None
+        spec = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeError, ModelError):
+        return None
+    return Checkpoint(path.stem, BUILDER.model_name(spec), path) if is_spec(spec) else None
+
+
 def _entry(path: Path) -> Checkpoint | None:
+    if path.is_file() and path.suffix == ".builder":
+        return _builder(path)
     if path.is_file() and path.suffix == ".safetensors":
         arch, separator, _ = path.stem.partition(ARCH_SEPARATOR)
         if not separator:

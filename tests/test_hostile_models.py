@@ -531,12 +531,12 @@ def test_a_torch_compiled_model_is_one_sentence():
                                 "pass the model before torch.compile (model._orig_mod) instead.")
 
 
-def test_torchvisions_vision_transformer_is_refused_as_torchvisions():
+def test_torchvisions_vision_transformer_is_read_through_its_attention_calls():
+    """It used to be refused ("torchvision's VisionTransformer (not timm's) has attention layers in an architecture
+    attnviz does not know"); the generic path reads its nn.MultiheadAttention (tests/test_generic.py: exactness)."""
     torchvision = pytest.importorskip("torchvision")
-    with pytest.raises(ModelError) as error:
-        attnviz.wrap(torchvision.models.VisionTransformer(32, 8, 2, 2, 16, 32), "tv", "test", 32)
-    assert str(error.value).startswith("torchvision's VisionTransformer (not timm's) has attention layers in an "
-                                       "architecture attnviz does not know")
+    model = attnviz.wrap(torchvision.models.VisionTransformer(32, 8, 2, 2, 16, 32), "tv", "test", 32)
+    assert (model.adapter.family, model.grid, model.num_prefix_tokens) == ("generic (PyTorch attention calls)", (4, 4), 1)
 
 
 def test_a_photo_for_a_half_precision_model_is_prepared_in_its_dtype_and_bfloat16_is_one_sentence():

@@ -44,8 +44,10 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm VOLO | :mod:`.timm_volo` | ``volo.Attention``, then ``ClassAttention`` (its ``OutlookAttention`` has no query–key map: unread): stages |
 | timm DaViT | :mod:`.timm_davit` | DaViT ``WindowAttention`` (its ``ChannelAttention`` blocks have no token map: unread): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
+| generic (asked last) | :mod:`.generic` | any other PyTorch model's ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention`` calls |
 
-The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
+Python builders (``module:callable``, ``py:``) are loaded by :mod:`.builder` and read by whichever family claims
+the network they build. The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on
 their stem's stride grid. Anything else (differential attention, an attention class we do not know) is refused with one sentence, never captured as a plausible but wrong
 number; for timm's other families the sentence names what they have (:mod:`.refusals`).
 """
@@ -87,13 +89,26 @@ def families() -> tuple[Family, ...]:
     return registered()
 
 
-def adapter_for(network: torch.nn.Module, size: int) -> Adapter:
-    """The adapter that reads ``network`` exactly at S × S inputs, or a ModelError saying why not."""
+def adapter_for(network: torch.nn.Module, size: int, grid: tuple[int, int] | None = None,
+                prefix: int | None = None) -> Adapter:
+    """The adapter that reads ``network`` exactly at S × S inputs, or a ModelError saying why not.
+
+    ``grid`` (rows, columns of patches) and ``prefix`` (tokens before them) are for a network no family knows,
+    read by the generic path (:mod:`.generic`) where its structure does not say its token layout."""
     unread = not_as_defined(network)
     if unread is not None:
         raise ModelError(unread)
+    known = known_refusal(network)
     for family in families():
+        if family.fallback and known is not None:
+            break  # a timm family attnviz does not read: its own sentence below
         if family.claims(network):
+            if family.fallback:
+                return family.adapter(network, size, grid=grid, prefix=prefix)
+            if grid is not None or prefix is not None:
+                raise ModelError(f"grid= and prefix= are for models attnviz reads through their PyTorch attention "
+                                 f"calls; {type(network).__name__} is read by the {family.name} family, which knows "
+                                 "its token layout, so leave them out.")
             return family.adapter(network, size)
     raise ModelError(refusal(network))
 
@@ -176,6 +191,8 @@ def tap_of(network: torch.nn.Module, adapter: Adapter) -> Tap:
     tap = Tap(modules)
     for layer in range(adapter.depth):
         adapter.attach(layer, tap)
+        if not adapter.blocks:  # the generic path: it reads the forward pass's attention calls, no module hooked
+            continue
         tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.tokens_reader(layer))
         heads = adapter.layouts[layer].num_heads if adapter.layouts is not None else adapter.num_heads
         projection = getattr(adapter.attentions[layer], "proj", None)  # the heads' outputs side by side go in

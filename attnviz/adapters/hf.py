@@ -63,6 +63,11 @@ def is_hf(network: torch.nn.Module) -> bool:
     return type(network).__module__.startswith("transformers.")
 
 
+def is_supported(network: torch.nn.Module) -> bool:
+    """A Hugging Face class this family reads; any other goes to the generic path (:mod:`.generic`)."""
+    return is_hf(network) and type(network).__name__ in ARCHITECTURES
+
+
 def num_prefix_tokens(kind: str, config) -> int:
     if kind == "deit":
         return 2  # class token + distillation token
@@ -84,17 +89,23 @@ class HFAdapter(Adapter):
         tap.after(attn.k_proj, layer, Recorder.put_key, heads)
 
     def forward_batch(self, network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        import inspect
+        return hf_forward(network, x)
 
-        kwargs = {}
-        if "interpolate_pos_encoding" in inspect.signature(network.forward).parameters:
-            kwargs["interpolate_pos_encoding"] = x.shape[-1] != network.config.image_size
-        out = network(pixel_values=x, **kwargs)
-        for name in ("logits", "image_embeds", "pooler_output"):
-            value = getattr(out, name, None)
-            if value is not None:
-                return value
-        return out.last_hidden_state[:, 0]
+
+def hf_forward(network: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, S, S) → (B, C): a Hugging Face vision model's logits, image embeddings or pooled output (else its first
+    token), its position embeddings interpolated where S is not the size it was configured for."""
+    import inspect
+
+    kwargs = {}
+    if "interpolate_pos_encoding" in inspect.signature(network.forward).parameters:
+        kwargs["interpolate_pos_encoding"] = x.shape[-1] != network.config.image_size
+    out = network(pixel_values=x, **kwargs)
+    for name in ("logits", "image_embeds", "pooler_output"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return out.last_hidden_state[:, 0]
 
 
 def adapter(network: torch.nn.Module, size: int) -> Adapter:
@@ -462,5 +473,5 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
                 provenance=f"{p.origin} ({p.arch}; {note})", size=size, data_config=cfg, labels=labels, notes=notes)
 
 
-FAMILY = register(Family("Hugging Face", adapter, recognises=is_hf, prefix=PREFIX, load=load,
+FAMILY = register(Family("Hugging Face", adapter, recognises=is_supported, prefix=PREFIX, load=load,
                          parameters=parameters, files=files))

@@ -17,7 +17,8 @@ class Family:
 
     A network is the family's when ``recognises(network)`` says so or, for a timm-style network
     (``patch_embed`` and ``blocks``), when every block's ``attn`` is exactly one of ``attention``
-    (a subclass may change the logits, so it is not trusted). Families must not claim the same network.
+    (a subclass may change the logits, so it is not trusted). Families must not claim the same network,
+    except a ``fallback`` family, asked last.
     """
 
     name: str  # e.g. "timm ViT"
@@ -30,6 +31,9 @@ class Family:
     # (the meta device, weight-file headers), for a server's budget; and the files that make up a model.
     parameters: Callable[[str, int | None], int] | None = None  # (spec, size) → parameters
     files: Callable[[str], tuple[Path, ...]] | None = None  # spec → every file whose bytes make it up
+    # Asked only after every other family has declined (the generic path, which reads any model's PyTorch
+    # attention calls): its adapter also takes the caller's layout, ``grid=`` and ``prefix=``.
+    fallback: bool = False
 
     def __post_init__(self) -> None:
         if (self.prefix is None) != (self.load is None):
@@ -66,8 +70,8 @@ def register(family: Family) -> Family:
 
 
 def registered() -> tuple[Family, ...]:
-    """Every family registered so far, in registration order."""
-    return tuple(_REGISTERED.values())
+    """Every family registered so far, in registration order, a fallback after all the others."""
+    return tuple(sorted(_REGISTERED.values(), key=lambda f: f.fallback))
 
 
 def attention_classes(network: torch.nn.Module) -> set[type] | None:

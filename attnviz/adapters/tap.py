@@ -40,6 +40,13 @@ class Recorder:
         self.key[layer].copy_(k)
         self.seen.add(("k", layer))
 
+    def skip_tokens(self, layer: int) -> None:
+        """Layer ``layer``'s tokens are not read (a network whose blocks attnviz does not know): its norms stay
+        None. Still a pause point after the layer."""
+        self.seen.add(("x", layer))
+        if self.between_layers is not None:
+            self.between_layers()
+
     def put_extra(self, layer: int, value: Any) -> None:
         self.extras[layer] = value
 
