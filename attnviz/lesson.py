@@ -352,6 +352,12 @@ def _outputs(model: Model, xs: torch.Tensor, batch: int = 8) -> torch.Tensor:
         return torch.cat(list(pool.map(run, [p for p in parts if len(p)]))).float()
 
 
+def ranking(cap: Capture, layer: int, head: Head = "mean") -> np.ndarray:
+    """(P,) the patches (raster order of ``cap.map_grid(layer)``) by the heatmap of the main page in ``layer`` /
+    ``head``, most attended first: the order :func:`perturbation` removes them in."""
+    return np.argsort(-cap.summary_map(layer, head).ravel(), kind="stable")
+
+
 def perturbation(
     model: Model,
     cap: Capture,
@@ -374,7 +380,7 @@ def perturbation(
     grid = cap.map_grid(layer)  # the cells of the map that ranks them: a stage's own grid in a model with stages
     patch = cap.input.shape[-1] // grid[1]
     num_patches = grid[0] * grid[1]
-    order = np.argsort(-cap.summary_map(layer, head).ravel(), kind="stable")  # (P,) most attended first
+    order = ranking(cap, layer, head)  # (P,) most attended first
     rng = np.random.default_rng(seed)
     random_orders = np.stack([rng.permutation(num_patches) for _ in range(repeats)])  # (R, P)
     removed = np.round(np.linspace(0, max_fraction * num_patches, steps + 1)).astype(int)  # (steps + 1,)

@@ -137,6 +137,19 @@ PRESENT_CSS = """
 button[kind="secondary"], button[kind="tertiary"] { color: #f5f5f5; }
 button[kind="secondary"] { background: #2b2b2b; border-color: #9a9a9a; }
 """
+# The lesson on the projector (screens/lesson.py): the controls in one band, the join box's QR code beside its words,
+# each step's pictures no taller than the screen under the band and the tabs leaves, formulas as large as the text.
+PRESENT_LESSON_CSS = """
+.st-key-join { flex-direction: row !important; align-items: center; gap: 0.75rem !important; }
+.st-key-join > [data-testid="stElementContainer"]:first-child { flex: 1 1 0; min-width: 0; }
+.st-key-join code { font-size: 20px; overflow-wrap: anywhere; }
+.st-key-join [data-testid="stMarkdownContainer"] p { margin-bottom: 0; }
+[data-testid="stExpander"] summary p { font-size: 20px; }
+[role="tabpanel"] [data-testid="stImage"] img { max-height: calc(100vh - 330px); }
+.katex { font-size: 24px !important; }
+[role="tabpanel"] .katex-display { margin: 0.3em 0; }
+[data-testid="stMarkdownContainer"] p .katex { font-size: 22px !important; }
+"""
 
 # Runs once per browser tab (guarded): close the overlaying sidebar after a page link on a phone.
 BEHAVIOUR_JS = """
@@ -233,9 +246,10 @@ def bring_to_top(selector: str) -> None:
     after_run(SCROLL_TO_TOP % {"selector": selector.replace("'", "\\'")})
 
 
-def chrome(present: bool) -> None:
-    """The page's CSS and browser behaviour; call once per run, before anything is drawn in the main area."""
-    css = BASE_CSS + (PRESENT_CSS if present else "")
+def chrome(present: bool, lesson: bool = False) -> None:
+    """The page's CSS and browser behaviour; call once per run, before anything is drawn in the main area.
+    ``lesson``: the lesson's page, whose presenter view lays out its steps to fit a 720 px screen."""
+    css = BASE_CSS + (PRESENT_CSS + (PRESENT_LESSON_CSS if lesson else "") if present else "")
     st.html(f"<style>{css}</style>")
     st.html(BEHAVIOUR_JS % {"narrow": NARROW_BELOW}, unsafe_allow_javascript=True)
 

@@ -367,6 +367,42 @@ def test_the_lesson_has_a_presenter_view_and_its_link_opens_it_on_a_phone(app_in
     phone.close()
 
 
+# The shown step's tab strip, its first picture over 100 px tall (img, canvas or SVG chart) and its first displayed
+# formula: their boxes, and the formulas' type sizes.
+STEP_ON_SCREEN = """() => {
+  const panel = document.querySelector('[role="tabpanel"]:not([hidden])');
+  const box = (e) => { if (!e) return null; const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom}; };
+  const picture = [...panel.querySelectorAll('img, canvas, svg.marks')].find(p => p.getBoundingClientRect().height > 100);
+  return {tabs: box(document.querySelector('[role="tablist"]')), picture: box(picture),
+          formula: box(panel.querySelector('.katex-display')),
+          sizes: [...panel.querySelectorAll('.katex-display > .katex')].map(k => parseFloat(getComputedStyle(k).fontSize))};
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang, steps", [("en", range(7)), ("zh-TW", (0, 3, 5))])
+def test_each_lesson_step_fits_a_projector_with_its_picture_and_formula(app_in_chromium, lang, steps):
+    """``/lesson?present=1`` at 1280 × 720: for every step, the tabs, the step's picture and its key formula on the
+    first screen, nothing scrolled (each was about two screens down, under the page's controls), and the formulas in
+    type of 20 px or more (they were 19 px)."""
+    url, browser = app_in_chromium
+    page = open_page(browser, "projector")
+    page.goto(url + f"/lesson?present=1&lang={lang}")
+    page.get_by_role("tab").first.wait_for(timeout=180_000)
+    settle(page)
+    for step in steps:
+        page.get_by_role("tab").nth(step).click()
+        page.wait_for_url(f"**step={step + 1}**", timeout=60_000)
+        settle(page)
+        got = page.evaluate(STEP_ON_SCREEN)
+        for part in ("tabs", "picture", "formula"):
+            assert got[part] is not None, (lang, step + 1, part, got)
+            assert got[part]["top"] >= 0 and got[part]["bottom"] <= 720, (lang, step + 1, part, got)
+        assert min(got["sizes"]) >= 20, (lang, step + 1, got["sizes"])
+        shot(page, f"present_lesson_step{step + 1}_{lang}")
+    page.close()
+
+
 @pytest.mark.browser
 def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app_in_chromium):
     """Streamlit writes "Upload", "50MB per file", "Take Photo", its toolbars' tooltips and its buttons' names for

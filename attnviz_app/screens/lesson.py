@@ -14,13 +14,13 @@ with startup.importing():
     import altair as alt
     import numpy as np
     import pandas as pd
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image
 
     from attnviz_app import classroom, heavy, links, sources, ui
     from attnviz import Capture, Model, i18n, lesson, render
     from attnviz_app.text import listed, t
     from attnviz_app.views.base import patch_named
-    from attnviz_app.views.common import described
+    from attnviz_app.views.common import SVG, described
 
 CMAP = "inferno"
 QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
@@ -37,12 +37,13 @@ def matrix_picture(matrix: np.ndarray, cell: int) -> Image.Image:
     return picture.resize((picture.width * cell, picture.height * cell), Image.Resampling.NEAREST)
 
 
-def formula(*lines: str, joiner: str = " ", aligned: bool = True) -> str:
+def formula(*lines: str, joiner: str = " ", aligned: bool = True, stacked: bool | None = None) -> str:
     """A displayed formula of several parts: on one line on a wide screen (``joiner`` between the parts), one part a
     line on a phone, whose 358 px column cut the long ones off at the right (they scrolled sideways, which nothing on
     the page said); there the parts are aligned at their ``&``, or centred (``aligned=False``). A newline in a part
-    breaks it there on a phone too."""
-    if not classroom.narrow():
+    breaks it there on a phone too. ``stacked``: one part a line (True) or not (False) on any screen (the projector's
+    narrow columns)."""
+    if not (classroom.narrow() if stacked is None else stacked):
         return joiner.join(line.replace("&", "").replace("\n", "") for line in lines)
     if aligned:
         return r"\begin{aligned}" + r" \\ ".join(line.replace("\n", r" \\ &") for line in lines) + r"\end{aligned}"
@@ -184,19 +185,58 @@ def next_step(labels: list[str], by: int) -> None:
     st.session_state[key], st.session_state[STEP_MEMORY] = labels[step], step
 
 
-def pair_squares(sizes: list[tuple[str, int]], side: int = 360) -> Image.Image:
-    """Nested N × N squares drawn to scale: each one's area is one head's number of query–key pairs."""
-    picture = Image.new("RGB", (side, side), "white")
-    draw = ImageDraw.Draw(picture)
-    font = ImageFont.load_default(size=13)
+SQUARE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
+LABEL_PX = 13  # the squares' labels: 12 px and more once a phone's column scales the chart down
+
+
+def square_labels(sizes: list[tuple[str, int]], side: int) -> list[dict]:
+    """Where each nested square's label goes (pixels from the top left of a ``side`` px chart): inside its square's
+    top-left corner where it fits there above the next smaller square, else right of the squares too small to hold
+    theirs, one under the other. Drawn inside, the 196 and 224 px squares' labels (15 px apart) overlapped."""
     largest = max(n for _, n in sizes)
-    palette = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
-    for (label, n), colour in sorted(zip(sizes, palette), key=lambda s: -s[0][1]):
-        edge = max(2, round((side - 1) * n / largest))
-        light = tuple(int(c + (255 - c) * 0.75) for c in colour)
-        draw.rectangle([0, side - edge, edge - 1, side - 1], fill=light, outline=colour, width=2)
-        draw.text((4, side - edge + 3), f"{label}: N = {n}", fill=colour, font=font)  # ASCII: any font
-    return picture
+    colour = {label: SQUARE_COLOURS[i % len(SQUARE_COLOURS)] for i, (label, _) in enumerate(sizes)}
+    ranked = sorted(sizes, key=lambda s: -s[1])
+    edges = [max(2, round((side - 1) * n / largest)) for _, n in ranked]
+    wide = lambda text: 0.58 * LABEL_PX * len(text)  # noqa: E731  (ASCII in Vega's sans-serif: ~0.55 em a character)
+    texts = [f"{label}: N = {n}" for label, n in ranked]
+    # inside: as wide as its square, and between its square's top and the next smaller square's
+    inside = [wide(text) + 8 <= edge and (i + 1 == len(edges) or edge - edges[i + 1] >= LABEL_PX + 5)
+              for i, (text, edge) in enumerate(zip(texts, edges))]
+    first_outside = next((i for i, fits in enumerate(inside) if not fits), len(edges))
+    outside_x = edges[first_outside] + 6 if first_outside < len(edges) else 0
+    placed, below = [], 0.0
+    for i, (text, edge, (label, n)) in enumerate(zip(texts, edges, ranked)):
+        top = side - edge
+        if i < first_outside:
+            x, y = 4.0, top + 3.0
+        else:
+            x, y = outside_x, max(top + 3.0, below + 2.0)
+            below = y + LABEL_PX
+        placed.append({"label": text, "size": label, "x": x, "y": y, "edge": edge, "top": top,
+                       "colour": colour[label], "outside": i >= first_outside})
+    return placed
+
+
+def pair_squares(sizes: list[tuple[str, int]], side: int = 360) -> alt.Chart:
+    """Nested N × N squares drawn to scale: each one's area is one head's number of query–key pairs. An SVG chart of
+    ``side`` px: a narrow column scales it down whole, its labels with it."""
+    placed = pd.DataFrame(square_labels(sizes, side))
+    placed["zero"], placed["right"], placed["bottom"] = 0, placed["edge"], side
+    placed["tx"], placed["ty"] = placed["x"] - 3, placed["y"] + LABEL_PX / 2  # a leader's end, left of a label outside
+    x_scale = alt.Scale(domain=[0, side], nice=False, zero=False)
+    y_scale = alt.Scale(domain=[0, side], nice=False, zero=False, reverse=True)  # pixels down from the top
+    x, y = alt.X("zero:Q", scale=x_scale, axis=None), alt.Y("top:Q", scale=y_scale, axis=None)
+    colour = alt.Color("size:N", scale=alt.Scale(domain=list(placed["size"]), range=list(placed["colour"])), legend=None)
+    squares = alt.Chart(placed).mark_rect(fillOpacity=0.25, strokeWidth=2).encode(
+        x=x, x2="right:Q", y=y, y2="bottom:Q", color=colour, stroke=colour,
+        tooltip=[alt.Tooltip("label:N", title=t("lesson.cost.size"))])
+    leaders = alt.Chart(placed[placed["outside"]]).mark_rule(strokeWidth=1).encode(
+        x=alt.X("edge:Q", scale=x_scale, axis=None), x2="tx:Q", y=alt.Y("top:Q", scale=y_scale, axis=None),
+        y2="ty:Q", color=colour)
+    labels = alt.Chart(placed).mark_text(align="left", baseline="top", fontSize=LABEL_PX, fontWeight="bold").encode(
+        x=alt.X("x:Q", scale=x_scale, axis=None), y=alt.Y("y:Q", scale=y_scale, axis=None), text="label:N", color=colour)
+    return alt.layer(squares, leaders, labels).properties(width=side, height=side, usermeta=SVG).configure_view(
+        strokeWidth=0)
 
 
 def plain(x: float) -> str:
@@ -233,23 +273,31 @@ def bars(values: np.ndarray, labels: list[str], title: str, domain=(0, 1)) -> al
 
 # --- The steps ---------------------------------------------------------------------------------
 
-def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
+def step_qkv(model: Model, cap: Capture, layer: int, head: int, present: bool = False) -> None:
     s = lesson.shapes(model)
     h, w = s.grid
-    st.markdown(t("lesson.qkv.intro"))
-    st.latex(formula(
+    formula_of_q = formula(
         rf"\underbrace{{Q}}_{{{s.tokens}\times{s.head_dim}}} &= \underbrace{{X}}_{{{s.tokens}\times{s.embed_dim}}}"
-        rf"\,\underbrace{{W_Q}}_{{{s.embed_dim}\times{s.head_dim}}}", r"K &= X W_K", r"V &= X W_V", joiner=r",\quad "))
+        rf"\,\underbrace{{W_Q}}_{{{s.embed_dim}\times{s.head_dim}}}", r"K &= X W_K", r"V &= X W_V", joiner=r",\quad ")
+    if present:  # the projector: the formula and the words beside the pictures, all on the first screen
+        text, pictures = st.columns([1, 1.25], gap="large")
+        text.latex(formula_of_q)
+        text.markdown(t("lesson.qkv.intro"))
+    else:
+        st.markdown(t("lesson.qkv.intro"))
+        st.latex(formula_of_q)
     st.markdown(t(
         "lesson.qkv.numbers", n=s.tokens, prefix=s.prefix_tokens, h=h, w=w, d=s.embed_dim, heads=s.heads,
         dk=s.head_dim, layers=s.layers, rows=s.qkv_weight[0], cols=s.qkv_weight[1], patch=s.patch,
     ))
+    if not present:
+        pictures = st.container()
     window = cap.window(layer, 0)  # every token, in a plain ViT
     q = window.query[head].cpu().numpy()  # (N, d_k)
     k = window.key[head].cpu().numpy()  # (N, d_k)
     weights = cap.weights(layer, head)  # (N, N)
     cell = max(1, 200 // s.tokens)
-    left, mid, right = st.columns([1, 2, 2])
+    left, mid, right = pictures.columns([1, 2, 2])
     # Q is tall (N × d_k): at a phone's full width it was 1100 px of scrolling; two pixels a number across
     left.image(matrix_picture(q, cell), caption=t("lesson.qkv.q_picture", n=s.tokens, dk=s.head_dim),
                width=min(2 * s.head_dim * cell, 160))
@@ -267,10 +315,14 @@ def step_qkv(model: Model, cap: Capture, layer: int, head: int) -> None:
     cols[1].caption(t("lesson.qkv.k_rows", m=m, dk=s.head_dim))
 
 
-def step_by_hand() -> None:
-    st.markdown(t("lesson.hand.intro"))
+def step_by_hand(present: bool = False) -> None:
+    if present:  # the projector: the numbers to change, the weights' chart and the result side by side
+        given, chart_col, result_col = st.columns([1.3, 0.9, 1.3], gap="medium")
+    else:
+        st.markdown(t("lesson.hand.intro"))
+        given = st.container()
     default_keys = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))
-    cols = st.columns(4)
+    cols = given.columns(4)
     cols[0].markdown(f"**{t('lesson.hand.query')}**")
     q = [cols[0].number_input(f"q₁ [{d + 1}]", -10.0, 10.0, (1.0, 0.0)[d], 0.5, key=f"ex_q{d}") for d in range(2)]
     keys = []
@@ -280,10 +332,10 @@ def step_by_hand() -> None:
             cols[j + 1].number_input(f"k{'₁₂₃'[j]} [{d + 1}]", -10.0, 10.0, default_keys[j][d], 0.5, key=f"ex_k{j}{d}")
             for d in range(2)
         ])
-    same = st.toggle(t("lesson.hand.values_are_keys"), value=True, key="ex_same")
+    same = given.toggle(t("lesson.hand.values_are_keys"), value=True, key="ex_same")
     values = None
     if not same:
-        vcols = st.columns(4)
+        vcols = given.columns(4)
         vcols[0].markdown(f"**{t('lesson.hand.values')}**")
         values = [
             [vcols[j + 1].number_input(f"v{'₁₂₃'[j]} [{d + 1}]", -10.0, 10.0, default_keys[j][d], 0.5,
@@ -297,10 +349,23 @@ def step_by_hand() -> None:
     rows = [[f"{j + 1}", short(ex.keys[j]), short(ex.values[j]), f"{ex.scores[j]:.2f}", f"{ex.scaled[j]:.3f}",
              num(ex.exps[j]), f"{ex.weights[j]:.2f}"] for j in range(3)]
     rows.append(["Σ", "", "", "", "", num(ex.exp_sum), f"{ex.weights.sum():.2f}"])
-    left, right = st.columns([3, 2], gap="large")
-    left.markdown(markdown_table(header, rows, transposed=classroom.narrow()))
-    right.altair_chart(described(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight"))), width="stretch")
-    right.caption(t("lesson.hand.chart_caption"))
+    weights_formula = rf"w_j = \frac{{e^{{q\cdot k_j/\sqrt{{2}}}}}}{{\Sigma}} = {vector(ex.weights)}"
+    terms = " + ".join(f"{ex.weights[j]:.2f}\\,{short(ex.values[j])}" for j in range(3))
+    output_formula = formula(r"o &= \sum_j w_j\, v_j", rf"&= {terms}", rf"&= {vector(ex.output)}", stacked=present or None)
+    if present:
+        chart_col.altair_chart(described(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight"))),
+                               width="stretch")
+        chart_col.caption(t("lesson.hand.chart_caption"))
+        result_col.latex(weights_formula)
+        result_col.latex(output_formula)
+        st.markdown(t("lesson.hand.intro"))
+        st.markdown(markdown_table(header, rows))
+    else:
+        left, right = st.columns([3, 2], gap="large")
+        left.markdown(markdown_table(header, rows, transposed=classroom.narrow()))
+        right.altair_chart(described(bars(ex.weights, [f"k{sub[j]}" for j in range(3)], t("lesson.hand.weight"))),
+                           width="stretch")
+        right.caption(t("lesson.hand.chart_caption"))
 
     dots = " ".join(
         rf"q\cdot k_{j + 1} &= " + " + ".join(f"({a:g})({b:g})" for a, b in zip(ex.query, ex.keys[j]))
@@ -309,17 +374,19 @@ def step_by_hand() -> None:
     st.latex(r"\begin{aligned}" + dots + r"\end{aligned}")
     st.latex(rf"\frac{{q\cdot k_j}}{{\sqrt{{d_k}}}} = \frac{{q\cdot k_j}}{{\sqrt{{2}}}} = {vector(ex.scaled, 3)}")
     st.latex(rf"e^{{q\cdot k_j/\sqrt{{2}}}} = {vector(ex.exps)},\qquad \Sigma = {num(ex.exp_sum)}")
-    st.latex(rf"w_j = \frac{{e^{{q\cdot k_j/\sqrt{{2}}}}}}{{\Sigma}} = {vector(ex.weights)}")
-    terms = " + ".join(f"{ex.weights[j]:.2f}\\,{short(ex.values[j])}" for j in range(3))
-    st.latex(formula(r"o &= \sum_j w_j\, v_j", rf"&= {terms}", rf"&= {vector(ex.output)}"))
+    if not present:
+        st.latex(weights_formula)
+        st.latex(output_formula)
     st.success(t("lesson.hand.output", output=vector(ex.output)))
 
 
-def step_scale() -> None:
-    st.markdown(t("lesson.scale.intro"))
-    st.latex(r"\text{softmax}(s)_j = \frac{e^{s_j}}{\sum_m e^{s_m}}")
+def step_scale(present: bool = False) -> None:
+    # the projector: the words and softmax's formula beside its two charts
+    text, charts = st.columns([1, 2], gap="large") if present else (st.container(), st.container())
+    text.markdown(t("lesson.scale.intro"))
+    text.latex(r"\text{softmax}(s)_j = \frac{e^{s_j}}{\sum_m e^{s_m}}")
     labels = ["s₁", "s₂", "s₃"]
-    left, right = st.columns(2)
+    left, right = charts.columns(2)
     for col, scores in ((left, (2.0, 1.0, 0.0)), (right, (20.0, 10.0, 0.0))):
         weights = lesson.softmax(scores)
         col.altair_chart(described(bars(weights, labels, t("lesson.hand.weight"))), width="stretch")
@@ -358,51 +425,63 @@ def step_scale() -> None:
     st.info(t("lesson.scale.conclusion", dk=d_k, root=math.sqrt(d_k)))
 
 
-def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: int) -> None:
+def step_pair(model: Model, cap: Capture, view: Image.Image, layer: int, head: int, present: bool = False) -> None:
     h, w = cap.grid
-    st.markdown(t("lesson.pair.intro"))
-    controls = st.columns(3)
+    if not present:
+        st.markdown(t("lesson.pair.intro"))
+    # the projector: every control in one row, so that the pictures and the formulas fit under it
+    controls = st.columns([1.3, 1, 1, 1, 1, 1.3]) if present else st.columns(3)
+    query_place, key_place, tokens_place = (controls[1:3], controls[3:5], controls[5]) if present else (
+        controls[:1] * 2, controls[1:2] * 2, controls[2])
     kind = remembered_choice(
-        controls[0].radio, t("lesson.pair.query"), ["cls", "patch"], horizontal=True, key=PAIR_BOX,
+        controls[0].radio, t("lesson.pair.query"), ["cls", "patch"], horizontal=not present, key=PAIR_BOX,
         format_func=lambda k: t("lesson.cls_token") if k == "cls" else t("lesson.pair.a_patch"),
     )
     q_row = q_col = None
     if kind == "patch":
-        q_row = controls[0].slider(t("lesson.pair.q_row"), 1, h, key="pair_q_row") - 1  # first: follow_link
-        q_col = controls[0].slider(t("lesson.pair.q_col"), 1, w, key="pair_q_col") - 1
-    k_row = controls[1].slider(t("lesson.pair.k_row"), 1, h, key="pair_k_row") - 1
-    k_col = controls[1].slider(t("lesson.pair.k_col"), 1, w, key="pair_k_col") - 1
+        q_row = query_place[0].slider(t("lesson.pair.q_row"), 1, h, key="pair_q_row") - 1  # first: follow_link
+        q_col = query_place[1].slider(t("lesson.pair.q_col"), 1, w, key="pair_q_col") - 1
+    k_row = key_place[0].slider(t("lesson.pair.k_row"), 1, h, key="pair_k_row") - 1
+    k_col = key_place[1].slider(t("lesson.pair.k_col"), 1, w, key="pair_k_col") - 1
     query = 0 if kind == "cls" else lesson.token_index(cap, q_row, q_col)
     key = lesson.token_index(cap, k_row, k_col)
-    controls[2].markdown(t("lesson.pair.tokens", q=query, k=key, layer=layer + 1, head=head + 1))
+    tokens_place.markdown(t("lesson.pair.tokens", q=query, k=key, layer=layer + 1, head=head + 1))
 
     pair = lesson.pair_score(cap, layer, head, query, key)
     row_map = cap.query_map(layer, head, query)  # (h, w): the heatmap of this query's row
     cell = float(cap.weights(layer, head)[query, key])
 
-    left, right = st.columns(2, gap="large")
+    if present:
+        pictures, maths = st.columns([1.2, 1], gap="large")
+        left, right = pictures.columns(2)
+    else:
+        left, right = st.columns(2, gap="large")
+        maths = st.container()
     marks = [(k_row, k_col, KEY_COLOUR)] + ([] if q_row is None else [(q_row, q_col, QUERY_COLOUR)])
     left.image(render.outline(render.enlarge(view, DISPLAY_PX), cap.grid, marks), caption=t("lesson.pair.photo_caption"), width=DISPLAY_PX)
     heat = render.enlarge(render.overlay(view, row_map, alpha=0.75, cmap=CMAP), DISPLAY_PX)
     right.image(render.outline(heat, cap.grid, marks), caption=t("lesson.pair.heat_caption", row=k_row + 1, col=k_col + 1),
                 width=DISPLAY_PX)
 
-    st.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.layout(layer).head_dim}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
-    st.latex(rf"s_{{ij}} = \frac{{q_i\cdot k_j}}{{\sqrt{{d_k}}}} = {pair.dot:.4f} \times {pair.scale:g} = {pair.scaled:.4f}")
-    st.latex(
-        rf"a_{{ij}} = \frac{{e^{{s_{{ij}}}}}}{{\sum_{{m=1}}^{{{cap.num_tokens}}} e^{{s_{{im}}}}}}"
-        rf" = \frac{{{pair.exp:.5g}}}{{{pair.exp_sum:.5g}}} = {pair.weight:.6g}"
-    )
-    st.success(t("lesson.pair.equal", weight=f"{pair.weight:.6g}", cell=f"{cell:.6g}",
-                 diff=f"{abs(pair.weight - cell):.1e}", row=k_row + 1, col=k_col + 1))
+    maths.latex(rf"q_i\cdot k_j = \sum_{{c=1}}^{{{cap.layout(layer).head_dim}}} q_{{i,c}}\,k_{{j,c}} = {pair.dot:.4f}")
+    maths.latex(rf"s_{{ij}} = \frac{{q_i\cdot k_j}}{{\sqrt{{d_k}}}} = {pair.dot:.4f} \times {pair.scale:g} = {pair.scaled:.4f}")
+    maths.latex(formula(
+        rf"a_{{ij}} &= \frac{{e^{{s_{{ij}}}}}}{{\sum_{{m=1}}^{{{cap.num_tokens}}} e^{{s_{{im}}}}}}",
+        rf"&= \frac{{{pair.exp:.5g}}}{{{pair.exp_sum:.5g}}} = {pair.weight:.6g}", stacked=present))
+    maths.success(t("lesson.pair.equal", weight=f"{pair.weight:.6g}", cell=f"{cell:.6g}",
+                    diff=f"{abs(pair.weight - cell):.1e}", row=k_row + 1, col=k_col + 1))
+    if present:
+        st.markdown(t("lesson.pair.intro"))
 
 
-def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
+def step_heads(cap: Capture, view: Image.Image, layer: int, present: bool = False) -> None:
     s_heads, d_k = cap.num_heads, cap.layouts[0].head_dim
-    st.markdown(t("lesson.heads.intro", heads=s_heads, layer=layer + 1))
+    # the projector: the words and the formula beside the heads' pictures
+    text, grid = st.columns([1, 2.2], gap="large") if present else (st.container(), st.container())
+    text.markdown(t("lesson.heads.intro", heads=s_heads, layer=layer + 1))
     per_row = min(s_heads, 6)
     for start in range(0, s_heads, per_row):
-        cols = st.columns(per_row)
+        cols = grid.columns(per_row)
         for offset, col in enumerate(cols):
             head = start + offset
             if head >= s_heads:
@@ -410,19 +489,23 @@ def step_heads(cap: Capture, view: Image.Image, layer: int) -> None:
             cls_map = cap.summary_map(layer, head)
             col.image(render.enlarge(render.overlay(view, cls_map, alpha=0.7, cmap=CMAP), 224),
                       caption=t("lesson.heads.caption", n=head + 1, top=float(cls_map.max())))
-    st.latex(formula(
+    (text if present else st).latex(formula(  # under the pictures elsewhere
         r"\text{head}_i &= \text{softmax}\!\left(\frac{Q_i K_i^\top}{\sqrt{d_k}}\right) V_i",
         r"\text{MultiHead}(X) &=" "\n" r"\text{Concat}(\text{head}_1,\dots,\text{head}_{" + str(s_heads) + r"})\, W_O",
-        joiner=r",\qquad ", aligned=False))
+        joiner=r",\qquad ", aligned=False, stacked=present or None))
     st.markdown(t("lesson.heads.concat", heads=s_heads, dk=d_k, d=s_heads * d_k, n=cap.num_tokens))
 
 
-def step_cost(model: Model) -> None:
-    st.markdown(t("lesson.cost.intro"))
+def step_cost(model: Model, present: bool = False) -> None:
     p = model.patch
     sizes = lesson.LESSON_SIZES if all(s % p == 0 for s in lesson.LESSON_SIZES) else (112, 224, 448, 896)
     rows = lesson.cost_table(sizes, p, model.num_prefix_tokens, model.depth, model.num_heads, model.head_dim)
     first = rows[0]
+    now, = lesson.cost_table((model.size,), p, model.num_prefix_tokens, model.depth, model.num_heads, model.head_dim)
+    memory_formula = formula(  # the page's own size, in the caption's words: layers × heads × N² × 4 bytes
+        rf"N &= \left(\tfrac{{{now.size}}}{{{p}}}\right)^2 + {model.num_prefix_tokens} = {now.tokens}",
+        rf"L\,H\,N^2 \cdot 4\,\mathrm{{B}} &= {model.depth} \cdot {model.num_heads} \cdot {now.tokens}^2 \cdot 4\,"
+        rf"\mathrm{{B}}" "\n" rf"= {now.map_bytes / 1e6:,.1f}\,\mathrm{{MB}}", joiner=r",\qquad ", stacked=present or None)
     table = pd.DataFrame({
         t("lesson.cost.size"): [f"{r.size} px" for r in rows],
         t("lesson.cost.grid"): [f"{r.grid} × {r.grid}" for r in rows],
@@ -432,48 +515,70 @@ def step_cost(model: Model) -> None:
         t("lesson.cost.maps"): [f"{r.map_bytes / 1e6:,.1f} MB" for r in rows],
         t("lesson.cost.qk"): [f"{r.qk_bytes / 1e6:,.1f} MB" for r in rows],
     })
-    if classroom.narrow():  # seven columns ran 330 px past a phone's column: a row per quantity, a column per size
-        st.markdown(markdown_table(list(table.columns), table.astype(str).values.tolist(), transposed=True))
-    else:
-        st.dataframe(table, hide_index=True, width="stretch")
-    st.caption(t("lesson.cost.caption", layers=model.depth, heads=model.num_heads, patch=p, size=model.size))
     squares = pd.DataFrame({
         "size": [f"{r.size} px" for r in rows], "N": [r.tokens for r in rows], "zero": 0,
         "mb": [r.map_bytes / 1e6 for r in rows],
     })
-    left, right = st.columns(2)
-    left.image(pair_squares([(f"{r.size} px", r.tokens) for r in rows]), width=360)
-    left.caption(t("lesson.cost.squares_caption"))
     memory = alt.Chart(squares).mark_bar().encode(
         x=alt.X("size:N", sort=None, title=t("lesson.cost.size"), axis=alt.Axis(labelAngle=0)),
         y=alt.Y("mb:Q", title=t("lesson.cost.maps")),
         tooltip=[alt.Tooltip("size:N", title=t("lesson.cost.size")), alt.Tooltip("N:Q", title="N"),
                  alt.Tooltip("mb:Q", format=",.1f", title=t("lesson.cost.maps"))],
-    ).properties(height=320)
+    ).properties(height=300 if present else 320)
+    if present:  # the projector: the words and the formula beside the squares and the chart; the table under them
+        text, left, right = st.columns([1, 1, 1.1], gap="medium")
+        text.markdown(t("lesson.cost.intro"))
+        text.latex(memory_formula)
+    else:
+        st.markdown(t("lesson.cost.intro"))
+        st.latex(memory_formula)
+    table_place = st.container()
+    if classroom.narrow():  # seven columns ran 330 px past a phone's column: a row per quantity, a column per size
+        table_place.markdown(markdown_table(list(table.columns), table.astype(str).values.tolist(), transposed=True))
+    else:
+        table_place.dataframe(table, hide_index=True, width="stretch")
+    table_place.caption(t("lesson.cost.caption", layers=model.depth, heads=model.num_heads, patch=p, size=model.size))
+    if not present:
+        left, right = st.columns(2)
+    left.altair_chart(described(pair_squares([(f"{r.size} px", r.tokens) for r in rows])), width="content",
+                      key="cost_squares")
+    left.caption(t("lesson.cost.squares_caption"))
     right.altair_chart(described(memory), width="stretch")
     by_size = {r.size: r for r in rows}
     a, b = next(((r, by_size[2 * r.size]) for r in rows if 2 * r.size in by_size), (rows[0], rows[-1]))
     st.info(t("lesson.cost.doubling", s1=a.size, s2=b.size, n1=a.tokens, n2=b.tokens, ratio=b.pairs / a.pairs))
 
 
-def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int) -> None:
-    st.markdown(t("lesson.explain.summary"))
-    st.subheader(t("lesson.explain.test_title"))
-    st.markdown(t("lesson.explain.test_intro"))
-    controls = st.columns(3)
+def step_not_explanation(model: Model, cap: Capture, key: tuple, layer: int, present: bool = False) -> None:
+    # the projector: the test's controls and formula beside the photo with the patches it removes; the words under them
+    test, preview = st.columns([1.4, 1], gap="large") if present else (st.container(), None)
+    words = st.container() if present else test
+    words.markdown(t("lesson.explain.summary"))
+    words.subheader(t("lesson.explain.test_title"))
+    words.markdown(t("lesson.explain.test_intro"))
+    test.latex(r"\Delta(k) = p(y \mid x) - p(y \mid x_{\setminus k})" if model.labels is not None else
+               r"\Delta(k) = 1 - \cos\big(z(x),\, z(x_{\setminus k})\big)")  # k patches removed: what the chart shows
+    controls = test.columns(3)
     head = remembered_choice(
         controls[0].selectbox, t("lesson.explain.rank_by"), ["mean", *range(cap.num_heads)], key=RANK_BOX,
         format_func=lambda h: t("lesson.explain.mean_heads") if h == "mean" else t("lesson.head_n", n=h + 1),
     )
     fill = remembered_choice(controls[1].radio, t("lesson.explain.fill"), list(lesson.FILLS), key=REMOVE_BOX,
-                             horizontal=True, format_func=lambda f: t(f"lesson.explain.fill_{f}"))
+                             horizontal=not present, format_func=lambda f: t(f"lesson.explain.fill_{f}"))
     percent = controls[2].slider(t("lesson.explain.max_fraction"), UP_TOS[0], UP_TOS[-1], step=UP_TOS.step, key=UP_TO,
                                  format="%d%%")  # first: follow_link
+    if present:  # what the test takes away at its last step, before it runs
+        grid = cap.map_grid(layer)
+        removed = round(percent / 100 * grid[0] * grid[1])
+        x = lesson.remove_patches(cap.input, lesson.ranking(cap, layer, head)[:removed], grid, model.patch,
+                                  lesson.fill_image(cap.input, fill, model.patch))
+        preview.image(lesson.to_picture(model, x), width=DISPLAY_PX,
+                      caption=f"{t('lesson.explain.attended')} · {removed}/{grid[0] * grid[1]}")
     asked = (*key, layer, head, fill, percent)
-    if st.button(t("lesson.explain.run", layer=layer + 1), key="perturb_run", type="primary"):
+    if test.button(t("lesson.explain.run", layer=layer + 1), key="perturb_run", type="primary"):
         st.session_state["perturb_asked"] = asked
     if st.session_state.get("perturb_asked") != asked:
-        st.caption(t("lesson.explain.press"))
+        test.caption(t("lesson.explain.press"))
         return
     # ~10 s of CPU: through the server's shared queue, so a class pressing at once costs one run per setting
     result = heavy.run(
@@ -542,17 +647,19 @@ def all_maps(model: Model, cap: Capture, key: tuple) -> None:
 def page() -> None:
     """The page, in a function, as Explore's: the run's capture and pictures go when it returns."""
     present = classroom.presenting("classroom.present_help_lesson")
-    classroom.chrome(present)
+    classroom.chrome(present, lesson=True)
     settings = ui.model_settings()
 
     labels = [t(f"lesson.tab{i}") for i in range(1, 8)]
-    if present:  # the projector: no title, larger type, the photo's controls folded, the join box on the right
-        photo_col, choice_col, panel = st.columns([0.9, 1.5, 1.6], gap="medium")
-        classroom.leave_button(panel)
-        for column, key, by, shortcut in zip(panel.columns(2), ("step_prev", "step_next"), (-1, 1), ("Left", "Right")):
+    if present:  # the projector: no title, larger type, the photo's controls folded, the join box on the right; all
+        # of it in a band ~190 px high, so that each step's picture and formula fit under the tabs on a 720 px screen
+        photo_col, choice_col, panel = st.columns([0.45, 2.1, 2.2], gap="medium")
+        source_col, *step_cols = choice_col.columns([1.3, 0.65, 0.65])
+        for column, key, by, shortcut in zip(step_cols, ("step_prev", "step_next"), (-1, 1), ("Left", "Right")):
             column.button(t(f"classroom.{key}"), key=key, on_click=next_step, args=(labels, by), width="stretch",
                           shortcut=shortcut)  # a remote clicker's arrow keys walk the lesson
-        photo_place = choice_col.expander(t("input.source"))
+        classroom.leave_button(panel)
+        photo_place = source_col.expander(t("input.source"))
     else:
         st.title(t("lesson.title"))
         st.caption(t("lesson.subtitle"))
@@ -566,7 +673,8 @@ def page() -> None:
                   grids=listed(f"{cap.layout(s[0]).grid[0]} × {cap.layout(s[0]).grid[1]}" for s in cap.stages)))
         return
     view = model.view(checked.image, settings.fit)
-    photo_col.image(view, caption=t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1]),
+    caption = t("lesson.photo_caption", size=model.size, h=cap.grid[0], w=cap.grid[1])
+    photo_col.image(view, caption=None if present else caption,  # the projector: step 1 says the sizes
                     width=min(view.width, 280))  # its own size: a phone's one column no longer stretches it to the full width
     with choice_col:
         layer_col, head_col = st.columns(2)
@@ -592,19 +700,19 @@ def page() -> None:
     if opened and step and not present:  # opened on a later step (a link, the QR code): that step first, on a phone too
         classroom.bring_to_top(f'[class*="st-key-{links.LESSON_STEP}-"]')
     with tabs[0]:
-        step_qkv(model, cap, layer, head)
+        step_qkv(model, cap, layer, head, present)
     with tabs[1]:
-        step_by_hand()
+        step_by_hand(present)
     with tabs[2]:
-        step_scale()
+        step_scale(present)
     with tabs[3]:
-        step_pair(model, cap, view, layer, head)
+        step_pair(model, cap, view, layer, head, present)
     with tabs[4]:
-        step_heads(cap, view, layer)
+        step_heads(cap, view, layer, present)
     with tabs[5]:
-        step_cost(model)
+        step_cost(model, present)
     with tabs[6]:
-        step_not_explanation(model, cap, cap_key, layer)
+        step_not_explanation(model, cap, cap_key, layer, present)
         all_maps(model, cap, cap_key)  # every map on this photo, whether or not the test above was run
 
 
