@@ -140,8 +140,9 @@ button[kind="secondary"] { background: #2b2b2b; border-color: #9a9a9a; }
 # The lesson on the projector (screens/lesson.py): the controls in one band, the join box's QR code beside its words,
 # each step's pictures no taller than the screen under the band and the tabs leaves, formulas as large as the text.
 PRESENT_LESSON_CSS = """
-.st-key-join { flex-direction: row !important; align-items: center; gap: 0.75rem !important; }
-.st-key-join > [data-testid="stElementContainer"]:first-child { flex: 1 1 0; min-width: 0; }
+.st-key-join [data-testid="stElementContainer"]:has(img), .st-key-join img {
+  width: clamp(150px, calc(100vh - 560px), 240px) !important; }
+.st-key-join { padding: 0.25rem 0.75rem; }
 .st-key-join code { font-size: 20px; overflow-wrap: anywhere; }
 .st-key-join [data-testid="stMarkdownContainer"] p { margin-bottom: 0; }
 [data-testid="stExpander"] summary p { font-size: 20px; }
