@@ -77,13 +77,21 @@ def test_other_ranking_and_head(runs, monkeypatch):
                                                                formats=i18n.text("en", "images.formats"))]
 
 
-def test_no_folder_chosen_says_how(monkeypatch):
+def test_no_folder_chosen_tells_a_visitor_what_the_page_is_for_and_the_owner_how(monkeypatch):
+    """A visitor reads one sentence and a link back to Explore; the owner's environment variable and command are
+    folded under it, not the first thing on the page."""
     monkeypatch.delenv("ATTNVIZ_DATASETS", raising=False)
     at = AppTest.from_file(APP, default_timeout=300)
     at.session_state["lang"] = "zh-TW"
     at.switch_page("screens/dataset.py").run()
     assert not at.exception
-    assert "ATTNVIZ_DATASETS" in at.info[0].value and i18n.text("zh-TW", "dataset.unset") in at.info[0].value
+    assert [i.value for i in at.info] == [i18n.text("zh-TW", "dataset.nothing_yet")]
+    assert "ATTNVIZ_DATASETS" not in at.info[0].value
+    link = at.get("page_link")[0].proto
+    assert link.label == i18n.text("zh-TW", "dataset.back") and link.page_script_hash  # a page of this app
+    folded = at.expander[0]
+    assert folded.label == i18n.text("zh-TW", "dataset.for_owner")
+    assert "ATTNVIZ_DATASETS" in folded.markdown[0].value and i18n.text("zh-TW", "dataset.unset") in folded.markdown[0].value
     assert not at.text_input  # no field where a browser could type a server path
 
 

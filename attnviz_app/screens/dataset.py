@@ -30,6 +30,7 @@ with startup.importing():
     from attnviz_app.text import listed, t
 
 ROOT_VARIABLE = "ATTNVIZ_DATASETS"
+EXPLORE = Path(__file__).with_name("explore.py")  # the way back for a visitor to a server with no runs
 SAMPLE_IMAGES = 200  # per-image points sent to the browser: the chart stays light on big runs
 SHOWN = 6  # photos shown for the chosen head
 CAPTURE_ENTRIES = 12
@@ -159,9 +160,12 @@ def page() -> None:
 
     root = os.environ.get(ROOT_VARIABLE)
     runs = dataset.find_runs(root) if root else []
-    if not runs:
-        st.info(t("dataset.no_runs", var=ROOT_VARIABLE, now=f"`{root}`" if root else t("dataset.unset"),
-                  example=f"${ROOT_VARIABLE}/my-run"))
+    if not runs:  # a visitor: what the page is for, and the way back; the owner's how-to folded under it
+        st.info(t("dataset.nothing_yet"))
+        st.page_link(EXPLORE, label=t("dataset.back"), icon=":material/visibility:")
+        with st.expander(t("dataset.for_owner")):
+            st.markdown(t("dataset.no_runs", var=ROOT_VARIABLE, now=f"`{root}`" if root else t("dataset.unset"),
+                          example=f"${ROOT_VARIABLE}/my-run"))
         st.stop()
     names = {str(run): run.name or str(run) for run in runs}
     linked_run = links.asked("run")  # a link names a run by its folder's name, as the box shows it
