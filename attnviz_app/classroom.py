@@ -141,12 +141,12 @@ button[kind="secondary"] { background: #2b2b2b; border-color: #9a9a9a; }
 # each step's pictures no taller than the screen under the band and the tabs leaves, formulas as large as the text.
 PRESENT_LESSON_CSS = """
 .st-key-join [data-testid="stElementContainer"]:has(img), .st-key-join img {
-  width: clamp(150px, calc(100vh - 560px), 240px) !important; }
+  width: clamp(150px, calc(100vh - 570px), 240px) !important; }
 .st-key-join { padding: 0.25rem 0.75rem; }
 .st-key-join code { font-size: 20px; overflow-wrap: anywhere; }
 .st-key-join [data-testid="stMarkdownContainer"] p { margin-bottom: 0; }
 [data-testid="stExpander"] summary p { font-size: 20px; }
-[role="tabpanel"] [data-testid="stImage"] img { max-height: calc(100vh - 330px); }
+[role="tabpanel"] [data-testid="stImage"] img { max-height: calc(100vh - 430px); }
 .katex { font-size: 24px !important; }
 [role="tabpanel"] .katex-display { margin: 0.3em 0; }
 [data-testid="stMarkdownContainer"] p .katex { font-size: 22px !important; }
@@ -292,7 +292,8 @@ def join_box(linked: dict[str, str], page: str = "") -> None:
     (``lesson``), "" for Explore."""
     url = join_url().rstrip("/") + (f"/{page}" if page else "")
     with st.container(key="join"):
-        code, words = st.columns([1, 1], vertical_alignment="center")
+        # the lesson's band is a third of the screen: the words get the wider column there
+        code, words = st.columns([2, 3] if page else [1, 1], vertical_alignment="center")
         # 41 × 41 modules for a link with the view's choices (29 × 29 for the address alone): 200 px on a 720 px
         # screen, so on a 2.5 m wide projection the code is ~39 cm across, each module ~9 mm
         code.image(qr_png(links.link(url, linked)), width=200)

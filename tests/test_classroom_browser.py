@@ -145,6 +145,7 @@ def test_phone_upload_views_and_lesson(app_in_chromium):
     chart.locator("svg.marks").wait_for(timeout=120_000)
     settle(page)
     quiet(page)
+    chart.scroll_into_view_if_needed()  # a first visit opens at the top: the student scrolls down to the picture
     box = chart.bounding_box()
     page.touchscreen.tap(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.get_by_text("where does patch (row 8, column 8) look?").wait_for(timeout=60_000)
