@@ -355,3 +355,25 @@ def test_hugging_face_swin_is_refused_for_its_windows_in_one_sentence():
     assert str(error.value) == (
         "Hugging Face's SwinModel computes its attention call 1 over 4 windows of 16 tokens per image, whose places on "
         "the image the generic path does not infer, so attnviz refuses it rather than guess them.")
+
+
+def test_every_view_of_the_page_draws_or_refuses_in_one_sentence_on_a_builders_model(tmp_path, monkeypatch):
+    """The owner lists a builder: the page loads it, says how its photos were normalised, and each view draws (or
+    gives its one-sentence refusal) with no exception, as for any other model."""
+    from streamlit.testing.v1 import AppTest
+
+    from attnviz_app import views
+    from conftest import APP
+
+    (tmp_path / "my-vit.builder").write_text("generic_models:sdpa_vit\n")
+    monkeypatch.setenv("ATTNVIZ_CHECKPOINTS", str(tmp_path))
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.query_params["model"] = "ckpt:my-vit"
+    at.run()
+    assert not at.exception and at.selectbox(key="model_choice").value == "ckpt:my-vit"
+    assert any("does not say how its photos are normalised" in w.value for w in at.warning)
+    assert at.slider(key="layer").max == 2  # the builder's two blocks, not the default's twelve
+    for name in views.registered():
+        at.selectbox(key="view").set_value(name).run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        assert not at.error, (name, [e.value for e in at.error])
