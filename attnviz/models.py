@@ -33,6 +33,7 @@ import attnviz.offline as offline
 import attnviz.weightfiles as weightfiles
 from .adapters import Adapter, Family, Tap, adapter_for, family_of_name, tap_of
 from .adapters.builder import PREFIX as BUILDER_PREFIX, is_spec as is_builder
+from .labels import class_names
 from .errors import HubUnavailable, ModelError
 from .stages import LayerLayout, global_layout
 
@@ -222,16 +223,6 @@ def checked_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def _labels(network: torch.nn.Module) -> tuple[str, ...] | None:
-    if getattr(network, "num_classes", 0) <= 0:
-        return None
-    subset = timm.data.infer_imagenet_subset(network)
-    if subset is None:
-        return tuple(f"class {i}" for i in range(network.num_classes))
-    info = timm.data.ImageNetInfo(subset)
-    return tuple(info.index_to_description(i) for i in range(network.num_classes))
-
-
 def wrap(
     network: torch.nn.Module,
     name: str,
@@ -263,7 +254,7 @@ def wrap(
     cfg["input_size"] = (3, size, size)
     if crop_pct is not None:
         cfg["crop_pct"] = crop_pct
-    return Model(network, name, provenance, size, cfg, _labels(network), device, adapter)
+    return Model(network, name, provenance, size, cfg, class_names(network), device, adapter)
 
 
 def _load_default(size: int, device: torch.device) -> Model:

@@ -371,7 +371,7 @@ def test_every_view_of_the_page_draws_or_refuses_in_one_sentence_on_a_builders_m
     at.query_params["model"] = "ckpt:my-vit"
     at.run()
     assert not at.exception and at.selectbox(key="model_choice").value == "ckpt:my-vit"
-    assert any("does not say how its photos are normalised" in w.value for w in at.warning)
+    assert any("does not say how its photos are normalised" in i.value for i in at.info)
     assert at.slider(key="layer").max == 2  # the builder's two blocks, not the default's twelve
     for name in views.registered():
         at.selectbox(key="view").set_value(name).run()

@@ -118,8 +118,8 @@ def test_a_checkpoint_overwritten_at_the_same_path_gives_the_new_model(owner_fol
     assert heatmap_url(at) == first
 
 
-@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
-def test_a_giant_architecture_is_refused_in_under_a_second_with_no_memory_growth(owner_folder):
+def test_a_giant_architecture_is_refused_with_no_memory_growth(owner_folder):
+    """Refused before it is built: 1,011 M parameters would be 4 GB of memory (the time it takes is bench.server's)."""
     # no head.weight in the file: what would be built is the backbone, 1,011 M (the 1000-class head is 1.4 M more)
     save_file({"w": torch.zeros(1)}, str(owner_folder / "vit_giant_patch14_224--big.safetensors"))
     at = page()
@@ -134,7 +134,7 @@ def test_a_giant_architecture_is_refused_in_under_a_second_with_no_memory_growth
     ]
     assert at.selectbox(key="model_choice").value == "default" and at.selectbox(key="size").value == 224
     assert not at.exception and not at.error and heatmap_url(at)
-    assert seconds < 1.0 and growth < 100
+    assert growth < 100
 
 
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
@@ -246,7 +246,7 @@ def test_ten_sessions_press_the_removal_test_at_once(monkeypatch):
     print(f"ten identical clicks answered in {time.perf_counter() - start:.1f} s with {real.calls} run")
     assert real.calls == 1
     assert all(not at.exception for at in sessions), [e.value for at in sessions for e in at.exception]
-    assert len({verdict(at) for at in sessions}) == 1 and "With 10% removed" in verdict(sessions[0])
+    assert len({verdict(at) for at in sessions}) == 1 and "with 10% removed" in verdict(sessions[0]).lower()
 
     late = lesson_page()  # an eleventh visitor, later, with the same photo and settings
     late.slider(key="perturb_max").set_value(10).run()

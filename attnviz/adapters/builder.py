@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError
+from ..labels import class_names
 from .registry import Family, register
 
 PREFIX = "py:"
@@ -75,8 +76,6 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
     """Everything :class:`attnviz.Model` needs from the builder ``spec``."""
     import timm.data
 
-    from ..models import _labels
-
     network = build(spec)
     size = native_size(network) if size is None else size
     if size is None:
@@ -89,7 +88,7 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
                  "deviation; if it was trained with other values, its attention here is not what it computes on its own "
                  "inputs.",)
     return dict(network=network, name=f"{PREFIX}{spec}", public_name=spec, provenance=f"Python builder {spec}",
-                size=size, data_config=cfg, labels=_labels(network), notes=notes)
+                size=size, data_config=cfg, labels=class_names(network), notes=notes)
 
 
 def parameters(spec: str, size: int | None) -> int:

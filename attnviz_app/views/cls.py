@@ -137,7 +137,7 @@ def facts(ctx: Context) -> None:
             device=device_label(model.device), engine=engine(model),
         ))
     for note in model.notes:  # how its input was guessed where its files did not say (a builder, an HF folder)
-        st.warning(note)
+        st.info(note)
     top = model.top_classes(cap.output)
     if not top:
         st.info(t("facts.no_classes"))
