@@ -44,9 +44,10 @@ endef
 test: setup
 	$(call two_passes,not serial and not browser,serial or browser,)
 
-# What you run while you work: the unit and AppTest tiers, without Chromium and the wheel (docs/tests.md).
+# What you run while you work: the unit and AppTest tests of every file but the heavy ones (tests/conftest.py:
+# HEAVY_FILES), without Chromium and the wheel (docs/tests.md).
 test-fast: setup
-	$(call two_passes,not serial and not browser,serial and not browser,--ignore=tests/test_wheel.py)
+	$(call two_passes,not serial and not browser and not heavy,serial and not browser and not heavy,)
 
 # On a machine with a CUDA GPU: everything attnviz computes, on the GPU against the CPU (docs/tests.md#the-gpu).
 test-gpu: setup

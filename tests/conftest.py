@@ -27,7 +27,24 @@ def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run long soak/load tests")
 
 
+# The files whose tests take more than ~0.75 s each here (the real model, a full page run per test, a subprocess, a
+# Ray cluster): `make test-fast` leaves them to `make test` (docs/tests.md, measured with --durations=0 on
+# December 6). Every other file, a new one too, is in the fast tier.
+HEAVY_FILES = frozenset({
+    "test_hostile_library.py", "test_runtime_page.py", "test_generic.py", "test_cli_robust.py",
+    "test_qkmap_dataset_page.py", "test_ablation.py", "test_lesson_page.py", "test_families.py", "test_models.py",
+    "test_html.py", "test_zoo_volo.py", "test_faithfulness_cli.py", "test_qkmap_page.py", "test_links.py",
+    "test_relevance.py", "test_figure.py", "test_hostile_dataset.py", "test_recall.py", "test_server_page.py",
+    "test_export.py", "test_cli.py", "test_readme.py", "test_runtimes.py", "test_views_analysis.py", "test_qkmap.py",
+    "test_qk_cli.py", "test_faithfulness.py", "test_views_charts.py", "test_video_page.py", "test_tuning.py",
+    "test_dataset_ray.py", "test_stages_page.py", "test_wheel.py",
+})
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in HEAVY_FILES:
+            item.add_marker(pytest.mark.heavy)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="long run: pass --slow")

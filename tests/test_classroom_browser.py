@@ -163,6 +163,7 @@ FIRST_SCREEN = """() => {
 }""" % HEATMAP
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("screen", ["projector", "phone"])
 def test_a_first_visit_opens_at_the_top_with_the_way_in(app_in_chromium, screen):
     """A first visit is not scrolled: title, intro and the Photo choice on the first screen; at 1280 × 720 the
