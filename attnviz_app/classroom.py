@@ -78,7 +78,7 @@ BASE_CSS = """
 /* The first screen (1280 × 720): the title on one line, the intro, the photo's source and the Layer, Head and View
    boxes, and the heatmap under them (views' titles a size smaller). */
 @media (min-width: 641px) { .block-container { padding-top: 3.5rem; } }
-.st-key-intro h1 { font-size: 2.1rem; line-height: 1.3; padding: 0.25rem 0 0.25rem; }
+.st-key-intro h1 { font-size: 2.1rem; line-height: 1.3; padding: 0.25rem 0 0.5rem; }
 .st-key-intro { gap: 0.5rem; }
 .st-key-result h3 { font-size: 1.4rem; padding-top: 0.25rem; }
 @media (max-width: 640px) {
