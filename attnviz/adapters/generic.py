@@ -455,7 +455,8 @@ def adapter(network: torch.nn.Module, size: int, grid: tuple[int, int] | None = 
     modules = attention_modules(network)
     net = _name(network)
     hint = ""
-    if getattr(getattr(network, "config", None), "_attn_implementation", None) == "eager":
+    if getattr(getattr(network, "config", None), "_attn_implementation", None) == "eager" \
+            and getattr(network, "_supports_sdpa", False):  # Hugging Face's Swin V2 has no SDPA path to load
         hint = " (load it with attn_implementation=\"sdpa\")"
     if not calls and (modules or by_hand):
         where = f" in {type(modules[0]).__name__}" if modules else ""
