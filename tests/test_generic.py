@@ -501,3 +501,26 @@ def test_windows_no_module_places_are_still_refused_in_one_sentence():
     assert str(error.value) == (
         "HandViT computes its attention call 1 over 4 windows of 4 tokens per image, whose places on the image the "
         "generic path does not infer, so attnviz refuses it rather than guess them.")
+
+
+def test_the_page_draws_a_hugging_face_swin_from_a_builder(tmp_path, monkeypatch):
+    """The owner lists a builder of Hugging Face's SwinModel: the page loads it through the generic path, opens on
+    the stages view with its three grids, and draws that and the summary and matrix views with no exception."""
+    pytest.importorskip("transformers")
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import APP
+
+    (tmp_path / "hf-swin.builder").write_text("generic_models:hf_swin\n")
+    monkeypatch.setenv("ATTNVIZ_CHECKPOINTS", str(tmp_path))
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.query_params["model"] = "ckpt:hf-swin"
+    at.run()
+    assert not at.exception and at.selectbox(key="model_choice").value == "ckpt:hf-swin"
+    assert at.selectbox(key="view").value == "stages" and at.selectbox(key="stage").options == [
+        "Stage 1 (16 × 16 tokens, 4 px each)", "Stage 2 (8 × 8 tokens, 8 px each)", "Stage 3 (4 × 4 tokens, 16 px each)"]
+    assert any("has 3 stages, each with its own grid of tokens (16 × 16, 8 × 8, 4 × 4)" in i.value for i in at.info)
+    for name in ("cls", "matrix", "stages"):
+        at.selectbox(key="view").set_value(name).run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        assert not at.error, (name, [e.value for e in at.error])
