@@ -369,20 +369,35 @@ def test_every_view_of_the_page_draws_or_refuses_in_one_sentence_on_a_builders_m
 # ---- Hugging Face's Swin: one SDPA call per block over every window of the image ---------------------------
 
 
-def eager_swin(network: torch.nn.Module, x: torch.Tensor) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
-    """The same weights run with attn_implementation="eager": every SwinAttention's own (nW, H, T, T) weights, in
-    order, and what ``output_attentions=True`` returns (each stage's last block)."""
+def swin_capture(model, x: torch.Tensor) -> tuple[attnviz.Capture, list[torch.Tensor]]:
+    """The capture, and every SwinAttention run again with attn_implementation="eager" on the inputs it had in that
+    very pass: its (nW, H, T, T) weights (in float32 two passes drift apart by ~1e-5 over a few peaked stages)."""
+    network = model.network
+    attentions = [m for m in network.modules() if type(m).__name__ == "SwinAttention"]
+    inputs: list = []
+    handles = [m.register_forward_pre_hook(lambda m, args, kwargs: inputs.append((m, args, kwargs)), with_kwargs=True)
+               for m in attentions]
+    cap = capture_tensor(model, x)
+    for h in handles:
+        h.remove()
+    refs = []
+    for attention, args, kwargs in inputs:
+        eager = copy.deepcopy(attention)  # its own copy of the config
+        eager.config._attn_implementation = "eager"
+        with torch.inference_mode():
+            refs.append(eager(*args, **kwargs)[1].double())
+    return cap, refs
+
+
+def eager_swin(network: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The same weights run as a whole with attn_implementation="eager" and output_attentions=True: each stage's
+    last block's (nW, H, T, T) weights."""
     eager = copy.deepcopy(network)
     for m in eager.modules():
         if hasattr(m, "config"):
             m.config._attn_implementation = "eager"
-    weights: list[torch.Tensor] = []
-    for m in eager.modules():
-        if type(m).__name__ == "SwinAttention":
-            m.register_forward_hook(lambda m, args, out: weights.append(out[1].double()))
     with torch.inference_mode():
-        out = eager(pixel_values=x, output_attentions=True)
-    return weights, out.attentions
+        return eager(pixel_values=x, output_attentions=True).attentions
 
 
 def hf_partition(layer: torch.nn.Module, grid: tuple[int, int]) -> torch.Tensor:
@@ -404,11 +419,11 @@ def test_hugging_face_swin_is_exact_against_eager_with_its_windows_on_the_image(
     assert (model.grid, model.num_prefix_tokens, model.has_class_token, model.depth) == ((16, 16), 0, False, 6)
     torch.manual_seed(5)
     x = torch.randn(1, 3, 64, 64)
-    cap = capture_tensor(model, x)
-    refs, per_stage = eager_swin(network, x)
-    assert len(refs) == 6 and [len(a) for a in per_stage] == [16, 4, 1]
-    for stage, last in enumerate((1, 3, 5)):  # output_attentions is each stage's last block: the same weights
-        assert torch.equal(per_stage[stage].double(), refs[last])
+    cap, refs = swin_capture(model, x)
+    per_stage = eager_swin(network, x)  # a second pass, all eager: output_attentions, drifted by float32 only
+    assert len(refs) == 6 and [tuple(a.shape) for a in per_stage] == [(16, 2, 16, 16), (4, 2, 16, 16), (1, 4, 16, 16)]
+    for stage, last in enumerate((1, 3, 5)):
+        assert float((cap.window_weights(last).double() - per_stage[stage].double()).abs().max()) < 1e-4
     # stage, block, grid, window, shift, windows: the 4 × 4 stage clamps its second block's shift to 0
     layouts = [(lay.stage, lay.block, lay.grid, lay.window, lay.shift, lay.num_windows, lay.patch)
                for lay in cap.layouts]
@@ -446,6 +461,31 @@ def test_hugging_face_swin_is_exact_against_eager_with_its_windows_on_the_image(
         summary = cap.summary_map(layer, "mean")
         assert summary.shape == lay.grid
         assert float(abs(summary - expected.reshape(lay.grid).numpy()).max()) < EXACT, layer
+
+
+def test_hugging_face_swin_classifier_at_224_px_window_7_needs_no_padding_and_is_exact():
+    """Swin-T's geometry (patch 4, window 7 at 224 px: 56, 28, 14 and 7 tokens a side) on a narrow classifier."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(image_size=224, patch_size=4, embed_dim=12, depths=[2, 2, 2, 2],
+                                     num_heads=[1, 1, 2, 2], window_size=7, num_labels=5)
+    config._attn_implementation = "sdpa"
+    network = transformers.SwinForImageClassification(config).eval()
+    with torch.no_grad():
+        for m in network.modules():
+            if type(m).__name__ == "SwinAttention":
+                m.q_proj.weight *= 4 * PEAK
+                m.k_proj.weight *= 4 * PEAK
+    model = attnviz.wrap(network, "swin-t shape", "random weights", 224)
+    assert [(lay.grid, lay.shift, lay.num_windows) for lay in model.adapter.layouts] == [
+        ((56, 56), (0, 0), 64), ((56, 56), (3, 3), 64), ((28, 28), (0, 0), 16), ((28, 28), (3, 3), 16),
+        ((14, 14), (0, 0), 4), ((14, 14), (3, 3), 4), ((7, 7), (0, 0), 1), ((7, 7), (0, 0), 1)]
+    x = torch.randn(1, 3, 224, 224)
+    cap, refs = swin_capture(model, x)
+    with torch.inference_mode():
+        assert torch.allclose(cap.output, network(pixel_values=x).logits[0], atol=1e-5)  # the 5 logits
+    assert max(float((cap.window_weights(layer).double() - ref).abs().max()) for layer, ref in enumerate(refs)) < EXACT
+    assert min(float(r.max()) for r in refs) > 0.9  # peaked in every layer
 
 
 def test_hugging_face_swin_refuses_padding_and_windows_it_cannot_place():
