@@ -28,8 +28,9 @@ call is made (after ``set_shift_and_window_size`` clamps them) give the layer th
 (:func:`attnviz.stages.window_partition_index`: windows in row-major order of the rolled map, rows in row-major
 order inside each). That the call is this partition is checked where it can be: as many batch rows as windows,
 T = window² rows each, and under a shift, the mask between the regions the roll joined. The convention is
-Hugging Face's ``SwinLayer`` (copied by its Donut and MaskFormer Swin); a module with those attributes that
-partitions otherwise would be misplaced, which is why the mask is checked. A map that would need padding is
+Hugging Face's ``SwinLayer`` (its Donut and MaskFormer copies take their softmax by hand in this transformers, and
+are refused as such); a module with those attributes that partitions otherwise would be misplaced, which is why
+the mask is checked. A map that would need padding is
 refused (the padded tokens are keys the model attends to but no patch of the photo).
 
 What this path does not read (attention computed by hand, other calls per image over several windows, fewer
