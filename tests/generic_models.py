@@ -139,3 +139,23 @@ def mha_vit(need_weights: bool = False) -> HandViT:
     """A 32 px ViT on nn.MultiheadAttention: 2 layers, 4 heads, a class token."""
     torch.manual_seed(1)
     return sharpen(HandViT([MhaAttention(32, 4, need_weights), MhaAttention(32, 4, need_weights)]))
+
+
+def hf_swin(attn: str = "sdpa", size: int = 64) -> nn.Module:
+    """Hugging Face's SwinModel at 64 px, random weights, q and k ×4·PEAK (Hugging Face initialises them with std
+    0.02, about a sixth of nn.Linear's own at this width): patch 4, window 4, three stages of two
+    blocks — a 16 × 16 grid in 16 windows, 8 × 8 in 4, and 4 × 4, where the window is the whole grid and the
+    second block's shift is clamped to 0. The page test's builder."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(image_size=size, patch_size=4, embed_dim=24, depths=[2, 2, 2],
+                                     num_heads=[2, 2, 4], window_size=4)
+    config._attn_implementation = attn
+    network = transformers.SwinModel(config).eval()
+    with torch.no_grad():
+        for m in network.modules():
+            if type(m).__name__ == "SwinAttention":
+                m.q_proj.weight *= 4 * PEAK
+                m.k_proj.weight *= 4 * PEAK
+    return network

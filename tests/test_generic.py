@@ -13,11 +13,12 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import attnviz
 from attnviz import ModelError
 from attnviz.capture import capture_tensor
-from generic_models import PEAK, HandViT, MhaAttention, SdpaAttention, mha_vit, sdpa_vit, sharpen
+from generic_models import PEAK, HandViT, MhaAttention, SdpaAttention, hf_swin, mha_vit, sdpa_vit, sharpen
 
 EXACT = 1e-5
 
@@ -343,20 +344,6 @@ def test_the_owners_folder_lists_a_builder_and_the_page_loads_it(tmp_path):
         p.numel() for p in attnviz.load_model("py:generic_models:sdpa_vit", device="cpu").network.parameters())
 
 
-def test_hugging_face_swin_is_refused_for_its_windows_in_one_sentence():
-    """SwinModel calls SDPA once per block over every window of the image at once (the windows are its batch axis);
-    where each window lies is in the model's own partition and shift, which the generic path does not infer."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2],
-                                     window_size=4)
-    config._attn_implementation = "sdpa"
-    with pytest.raises(ModelError) as error:
-        attnviz.wrap(transformers.SwinModel(config).eval(), "swin", "random", 32)
-    assert str(error.value) == (
-        "Hugging Face's SwinModel computes its attention call 1 over 4 windows of 16 tokens per image, whose places on "
-        "the image the generic path does not infer, so attnviz refuses it rather than guess them.")
-
-
 def test_every_view_of_the_page_draws_or_refuses_in_one_sentence_on_a_builders_model(tmp_path, monkeypatch):
     """The owner lists a builder: the page loads it, says how its photos were normalised, and each view draws (or
     gives its one-sentence refusal) with no exception, as for any other model."""
@@ -374,6 +361,206 @@ def test_every_view_of_the_page_draws_or_refuses_in_one_sentence_on_a_builders_m
     assert any("does not say how its photos are normalised" in i.value for i in at.info)
     assert at.slider(key="layer").max == 2  # the builder's two blocks, not the default's twelve
     for name in views.registered():
+        at.selectbox(key="view").set_value(name).run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        assert not at.error, (name, [e.value for e in at.error])
+
+
+# ---- Hugging Face's Swin: one SDPA call per block over every window of the image ---------------------------
+
+
+def swin_capture(model, x: torch.Tensor) -> tuple[attnviz.Capture, list[torch.Tensor]]:
+    """The capture, and every SwinAttention run again with attn_implementation="eager" on the inputs it had in that
+    very pass: its (nW, H, T, T) weights (in float32 two passes drift apart by ~1e-5 over a few peaked stages)."""
+    network = model.network
+    attentions = [m for m in network.modules() if type(m).__name__ == "SwinAttention"]
+    inputs: list = []
+    handles = [m.register_forward_pre_hook(lambda m, args, kwargs: inputs.append((m, args, kwargs)), with_kwargs=True)
+               for m in attentions]
+    cap = capture_tensor(model, x)
+    for h in handles:
+        h.remove()
+    refs = []
+    for attention, args, kwargs in inputs:
+        eager = copy.deepcopy(attention)  # its own copy of the config
+        eager.config._attn_implementation = "eager"
+        with torch.inference_mode():
+            refs.append(eager(*args, **kwargs)[1].double())
+    return cap, refs
+
+
+def eager_swin(network: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The same weights run as a whole with attn_implementation="eager" and output_attentions=True: each stage's
+    last block's (nW, H, T, T) weights."""
+    eager = copy.deepcopy(network)
+    for m in eager.modules():
+        if hasattr(m, "config"):
+            m.config._attn_implementation = "eager"
+    with torch.inference_mode():
+        return eager(pixel_values=x, output_attentions=True).attentions
+
+
+def hf_partition(layer: torch.nn.Module, grid: tuple[int, int]) -> torch.Tensor:
+    """(W, T): the grid token of each window row, by the Swin layer's own roll and window_partition of a map of
+    token numbers."""
+    from transformers.models.swin.modeling_swin import window_partition
+
+    tokens = torch.arange(grid[0] * grid[1], dtype=torch.float64).reshape(1, *grid, 1)
+    windows = window_partition(layer.cyclic_shift(tokens), layer.window_size)
+    return windows.reshape(windows.shape[0], -1).long()
+
+
+def test_hugging_face_swin_is_exact_against_eager_with_its_windows_on_the_image():
+    pytest.importorskip("transformers")
+    from attnviz.errors import NoClassTokenError
+
+    network = hf_swin("sdpa")
+    model = attnviz.wrap(network, "swin", "random weights", 64)
+    assert (model.grid, model.num_prefix_tokens, model.has_class_token, model.depth) == ((16, 16), 0, False, 6)
+    torch.manual_seed(5)
+    x = torch.randn(1, 3, 64, 64)
+    cap, refs = swin_capture(model, x)
+    per_stage = eager_swin(network, x)  # a second pass, all eager: output_attentions, drifted by float32 only
+    assert len(refs) == 6 and [tuple(a.shape) for a in per_stage] == [(16, 2, 16, 16), (4, 2, 16, 16), (1, 4, 16, 16)]
+    for stage, last in enumerate((1, 3, 5)):
+        assert float((cap.window_weights(last).double() - per_stage[stage].double()).abs().max()) < 1e-4
+    # stage, block, grid, window, shift, windows: the 4 × 4 stage clamps its second block's shift to 0
+    layouts = [(lay.stage, lay.block, lay.grid, lay.window, lay.shift, lay.num_windows, lay.patch)
+               for lay in cap.layouts]
+    assert layouts == [(0, 0, (16, 16), (4, 4), (0, 0), 16, 4), (0, 1, (16, 16), (4, 4), (2, 2), 16, 4),
+                       (1, 0, (8, 8), (4, 4), (0, 0), 4, 8), (1, 1, (8, 8), (4, 4), (2, 2), 4, 8),
+                       (2, 0, (4, 4), (4, 4), (0, 0), 1, 16), (2, 1, (4, 4), (4, 4), (0, 0), 1, 16)]
+    worst = 0.0
+    for layer, ref in enumerate(refs):  # every window of every head, (W, H, T, T)
+        ours = cap.window_weights(layer).double()
+        assert ours.shape == ref.shape, layer
+        worst = max(worst, float((ours - ref).abs().max()))
+    assert worst < EXACT, worst
+    assert min(float(r.amax(-1).mean()) for r in refs) > 0.7  # peaked in every layer: a wrong logit would show
+    # each window's rows are the grid tokens the model's own roll and partition put there
+    layers = [m for m in network.modules() if type(m).__name__ == "SwinLayer"]
+    for layer, (lay, swin_layer) in enumerate(zip(cap.layouts, layers)):
+        assert torch.equal(lay.windows, hf_partition(swin_layer, lay.grid)), layer
+    shifted = cap.layout(1).windows  # rolled by −2: window 0 is rows 2…5, columns 2…5; the last wraps round
+    assert shifted[0].tolist() == [r * 16 + c for r in range(2, 6) for c in range(2, 6)]
+    assert shifted[15].tolist() == [r * 16 + c for r in (14, 15, 0, 1) for c in (14, 15, 0, 1)]
+    # over the whole image: each window's block where its tokens are, every row summing to 1, zero elsewhere
+    full = cap.layer_weights(1).double()  # (H, 256, 256)
+    assert torch.allclose(full[:, shifted[15][:, None], shifted[15][None, :]], refs[1][15], atol=EXACT)
+    assert torch.allclose(full.sum(-1), torch.ones(2, 256, dtype=torch.float64), atol=1e-5)
+    assert float(full[:, shifted[0][0], shifted[1]].abs().max()) == 0.0  # token 34 sees nothing of window 1
+    # no class token: the summary is the mean each patch receives, placed on the image by the windows
+    assert cap.summary == "mean_received" and not cap.has_class_token
+    with pytest.raises(NoClassTokenError):
+        cap.cls_map(0, "mean")
+    for layer in (0, 1, 4):
+        lay = cap.layout(layer)
+        received = refs[layer].mean(1).mean(1)  # (W, T): heads' mean, then over the window's queries
+        expected = torch.zeros(lay.grid[0] * lay.grid[1], dtype=torch.float64)
+        expected[lay.windows.reshape(-1)] = received.reshape(-1)
+        summary = cap.summary_map(layer, "mean")
+        assert summary.shape == lay.grid
+        assert float(abs(summary - expected.reshape(lay.grid).numpy()).max()) < EXACT, layer
+
+
+def test_hugging_face_swin_classifier_at_224_px_window_7_needs_no_padding_and_is_exact():
+    """Swin-T's geometry (patch 4, window 7 at 224 px: 56, 28, 14 and 7 tokens a side) on a narrow classifier."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.SwinConfig(image_size=224, patch_size=4, embed_dim=12, depths=[2, 2, 2, 2],
+                                     num_heads=[1, 1, 2, 2], window_size=7, num_labels=5)
+    config._attn_implementation = "sdpa"
+    network = transformers.SwinForImageClassification(config).eval()
+    with torch.no_grad():
+        for m in network.modules():
+            if type(m).__name__ == "SwinAttention":
+                m.q_proj.weight *= 4 * PEAK
+                m.k_proj.weight *= 4 * PEAK
+    model = attnviz.wrap(network, "swin-t shape", "random weights", 224)
+    assert [(lay.grid, lay.shift, lay.num_windows) for lay in model.adapter.layouts] == [
+        ((56, 56), (0, 0), 64), ((56, 56), (3, 3), 64), ((28, 28), (0, 0), 16), ((28, 28), (3, 3), 16),
+        ((14, 14), (0, 0), 4), ((14, 14), (3, 3), 4), ((7, 7), (0, 0), 1), ((7, 7), (0, 0), 1)]
+    x = torch.randn(1, 3, 224, 224)
+    cap, refs = swin_capture(model, x)
+    with torch.inference_mode():
+        assert torch.allclose(cap.output, network(pixel_values=x).logits[0], atol=1e-5)  # the 5 logits
+    assert max(float((cap.window_weights(layer).double() - ref).abs().max()) for layer, ref in enumerate(refs)) < EXACT
+    assert min(float(r.max()) for r in refs) > 0.9  # peaked in every layer
+
+
+def test_hugging_face_swin_refuses_padding_and_windows_it_cannot_place():
+    transformers = pytest.importorskip("transformers")
+    network = hf_swin("sdpa")
+    with pytest.raises(ModelError) as error:  # 80 px: the 10 × 10 second stage would be padded to 12 × 12
+        attnviz.wrap(network, "swin", "random", 80)
+    assert str(error.value) == (
+        "At 80 px, attention call 3 of Hugging Face's SwinModel has a 10 × 10 token grid that does not divide into "
+        "4 × 4 windows, so the model pads it with tokens that are not in the photo; attnviz refuses that size rather "
+        "than show them (use a size where every stage divides).")
+    with pytest.raises(ModelError, match=r"^Hugging Face's SwinModel's attention call 1 is over windows of its token "
+                                         r"grid, which hold no prefix tokens, so attnviz cannot read it with 1 prefix"):
+        attnviz.wrap(network, "swin", "random", 64, prefix=1)
+    # a shifted block whose mask does not separate the regions the roll joined: not Swin's windows, not guessed
+    unmasked = hf_swin("sdpa")
+    second = [m for m in unmasked.modules() if type(m).__name__ == "SwinLayer"][1]
+    second.get_attn_mask = lambda *args, **kwargs: None
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(unmasked, "swin", "random", 64)
+    assert str(error.value) == (
+        "Hugging Face's SwinModel's attention call 2 is over windows of a 16 × 16 grid shifted by 2, but its mask "
+        "does not separate the regions that shift joins as Swin's does, so attnviz cannot tell where its windows "
+        "lie and refuses it rather than guess.")
+    # Swin V2 takes its cosine attention's softmax by hand, and this transformers has no SDPA path for it to load
+    assert not transformers.Swinv2Model._supports_sdpa
+    config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2],
+                                       window_size=4)
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(transformers.Swinv2Model(config).eval(), "swinv2", "random", 32)
+    assert str(error.value) == (
+        "Hugging Face's Swinv2Model computes its attention softmax by hand in Swinv2SelfAttention, not through "
+        "scaled_dot_product_attention or nn.MultiheadAttention, so attnviz cannot read it exactly and refuses it "
+        "rather than show attention weights that may be wrong.")  # no "load it with sdpa": there is none
+
+
+class WindowsByHand(torch.nn.Module):
+    """SDPA over the 4 × 4 grid cut into four windows of four tokens, by a module that does not say where they lie."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.qkv, self.heads = torch.nn.Linear(dim, 3 * dim), heads
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).reshape(b * 4, n // 4, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # (4B, H, 4, d)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+
+
+def test_windows_no_module_places_are_still_refused_in_one_sentence():
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(HandViT([WindowsByHand()], class_token=False), "hand", "random", 32)
+    assert str(error.value) == (
+        "HandViT computes its attention call 1 over 4 windows of 4 tokens per image, whose places on the image the "
+        "generic path does not infer, so attnviz refuses it rather than guess them.")
+
+
+def test_the_page_draws_a_hugging_face_swin_from_a_builder(tmp_path, monkeypatch):
+    """The owner lists a builder of Hugging Face's SwinModel: the page loads it through the generic path, opens on
+    the stages view with its three grids, and draws that and the summary and matrix views with no exception."""
+    pytest.importorskip("transformers")
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import APP
+
+    (tmp_path / "hf-swin.builder").write_text("generic_models:hf_swin\n")
+    monkeypatch.setenv("ATTNVIZ_CHECKPOINTS", str(tmp_path))
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.query_params["model"] = "ckpt:hf-swin"
+    at.run()
+    assert not at.exception and at.selectbox(key="model_choice").value == "ckpt:hf-swin"
+    assert at.selectbox(key="view").value == "stages" and at.selectbox(key="stage").options == [
+        "Stage 1 (16 × 16 tokens, 4 px each)", "Stage 2 (8 × 8 tokens, 8 px each)", "Stage 3 (4 × 4 tokens, 16 px each)"]
+    assert any("has 3 stages, each with its own grid of tokens (16 × 16, 8 × 8, 4 × 4)" in i.value for i in at.info)
+    for name in ("cls", "matrix", "stages"):
         at.selectbox(key="view").set_value(name).run()
         assert not at.exception, (name, [e.value for e in at.exception])
         assert not at.error, (name, [e.value for e in at.error])

@@ -44,7 +44,7 @@ adding a module (docs/architecture.md, "How to add a model family").
 | timm VOLO | :mod:`.timm_volo` | ``volo.Attention``, then ``ClassAttention`` (its ``OutlookAttention`` has no query–key map: unread): stages |
 | timm DaViT | :mod:`.timm_davit` | DaViT ``WindowAttention`` (its ``ChannelAttention`` blocks have no token map: unread): stages |
 | Hugging Face (``hf:``) | :mod:`.hf` | ViT, DeiT, Dinov2, Dinov2WithRegisters, CLIP vision |
-| generic (asked last) | :mod:`.generic` | any other PyTorch model's ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention`` calls |
+| generic (asked last) | :mod:`.generic` | any other PyTorch model's ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention`` calls; a call over one image's windows placed by its Swin-like module (Hugging Face's ``SwinModel``) |
 
 Python builders (``module:callable``, ``py:``) are loaded by :mod:`.builder` and read by whichever family claims
 the network they build. The hybrid ViTs and ViTamin (a CNN stem, ``HybridEmbed``, before plain blocks) are timm ViTs laid on

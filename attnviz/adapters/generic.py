@@ -18,16 +18,32 @@ path off for the pass: the slow path computes the same attention.)
 Which tokens a call's rows are comes from the model's structure where that is unambiguous: the patch
 embedding (the one ``Conv2d`` over the image whose kernel is its stride) gives the grid, and the tokens before
 it must be the class, distillation and register tokens the model has parameters for. Otherwise the caller
-says (``attnviz.wrap(net, …, grid=(h, w), prefix=k)``), and is told so in one sentence. What this path does
-not read (attention computed by hand, a call per image over several windows, fewer calls than the model has
-attention modules) is refused in one sentence, never half-read.
+says (``attnviz.wrap(net, …, grid=(h, w), prefix=k)``), and is told so in one sentence.
+
+A call whose batch is one image's windows (Hugging Face's ``SwinModel``: ``SwinLayer`` pads its (h, w) feature
+map to whole windows, rolls it by −shift and hands every window of it to one SDPA call) is placed on the image
+by the module that made it: one with ``window_size`` and ``shift_size`` whose ``forward`` takes
+``input_dimensions``. While the probe runs, such a module's (h, w) and its window and shift as they are when the
+call is made (after ``set_shift_and_window_size`` clamps them) give the layer the layout timm's Swin has
+(:func:`attnviz.stages.window_partition_index`: windows in row-major order of the rolled map, rows in row-major
+order inside each). That the call is this partition is checked where it can be: as many batch rows as windows,
+T = window² rows each, and under a shift, the mask between the regions the roll joined. The convention is
+Hugging Face's ``SwinLayer`` (its Donut and MaskFormer copies take their softmax by hand in this transformers, and
+are refused as such); a module with those attributes that partitions otherwise would be misplaced, which is why
+the mask is checked. A map that would need padding is
+refused (the padded tokens are keys the model attends to but no patch of the photo).
+
+What this path does not read (attention computed by hand, other calls per image over several windows, fewer
+calls than the model has attention modules) is refused in one sentence, never half-read.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -35,8 +51,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..errors import ModelError
-from ..stages import LayerLayout, global_layout
-from .base import Adapter
+from ..stages import LayerLayout, global_layout, window_partition_index
+from .base import Adapter, check_windows
 from .registry import Family, register
 from .tap import Recorder
 
@@ -139,6 +155,105 @@ class Intercept(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# ---- where a windowed module's call lies on the image ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The windowed module a call was made in, as it was at that moment: its (h, w) token grid
+    (``input_dimensions``), its window side and its cyclic shift."""
+
+    grid: tuple[int, int]
+    window: int
+    shift: int
+
+
+def windowed_modules(network: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that attend in shifted windows as Hugging Face's ``SwinLayer`` does: ``window_size`` and
+    ``shift_size`` whole numbers, and a ``forward`` that takes the grid as ``input_dimensions``."""
+    def windowed(m: torch.nn.Module) -> bool:
+        sizes = (getattr(m, "window_size", None), getattr(m, "shift_size", None))
+        return (all(isinstance(v, int) and not isinstance(v, bool) for v in sizes)
+                and "input_dimensions" in inspect.signature(m.forward).parameters)
+
+    return [m for m in network.modules() if windowed(m)]
+
+
+@contextmanager
+def placements(network: torch.nn.Module) -> Iterator[Callable[[], Placement | None]]:
+    """Inside ``with``, on this thread only: yields a function that gives the :class:`Placement` of the innermost
+    windowed module running now, None outside every one. Its window and shift are read when asked (at the call),
+    after the module has clamped them to its grid."""
+    running: list[tuple[torch.nn.Module, tuple[int, int]]] = []
+    thread = threading.get_ident()
+
+    def enter(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if threading.get_ident() == thread:
+            bound = inspect.signature(module.forward).bind(*args, **kwargs)
+            running.append((module, bound.arguments["input_dimensions"]))
+
+    def leave(module: torch.nn.Module, args: tuple, output) -> None:
+        if threading.get_ident() == thread and running:
+            running.pop()
+
+    def now() -> Placement | None:
+        if not running:
+            return None
+        module, (h, w) = running[-1]
+        return Placement((int(h), int(w)), int(module.window_size), int(module.shift_size))
+
+    handles = []
+    for m in windowed_modules(network):
+        handles += [m.register_forward_pre_hook(enter, with_kwargs=True), m.register_forward_hook(leave)]
+    try:
+        yield now
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def shift_regions(windows: torch.Tensor, grid: tuple[int, int], window: int, shift: int) -> torch.Tensor:
+    """(W, T): the region of each window row on the rolled map, 3 per axis as Swin's mask counts them
+    (``[0, n − window)``, ``[n − window, n − shift)``, ``[n − shift, n)``): tokens of two regions were joined by
+    the roll from opposite edges of the image."""
+    def region(position: torch.Tensor, n: int) -> torch.Tensor:
+        rolled = (position - shift) % n  # torch.roll(x, −shift): position p lands at p − shift
+        return (rolled >= n - window).long() + (rolled >= n - shift).long()
+
+    return region(windows // grid[1], grid[0]) * 3 + region(windows % grid[1], grid[1])
+
+
+def masks_the_shift(call: Call, regions: torch.Tensor) -> bool:
+    """Whether the call's bias is lowered (by more than 1) exactly between tokens of different regions, relative to
+    window 0, which the roll leaves whole."""
+    joined = regions[:, :, None] != regions[:, None, :]  # (W, T, T)
+    if call.bias is None or call.bias.shape[0] != regions.shape[0] or joined[0].any():
+        return False
+    lowered = (call.bias - call.bias[:1]) < -1.0  # (W, H | 1, T, T)
+    return bool((lowered == joined[:, None].to(lowered.device)).all())
+
+
+def windowed_layout(net: str, size: int, layer: int, call: Call, place: Placement) -> LayerLayout:
+    """The layout of a call over one image's windows, from where its module says they lie; or one sentence."""
+    batch, heads, lq, d = call.query.shape
+    (h, w), side, shift = place.grid, place.window, place.shift
+    check_windows(net, size, f"attention call {layer + 1}", (h, w), (side, side))  # padding: not photo patches
+    if size % h or size % w or size // h != size // w:
+        raise ModelError(f"At {size} px, {net}'s attention call {layer + 1} is over a {h} × {w} token grid, which does "
+                         f"not cut the {size} × {size} px input into square patches, so attnviz refuses that size.")
+    windows = window_partition_index((h, w), (side, side), (shift, shift))  # (W, T)
+    if (batch, lq, call.key.shape[-2]) != (windows.shape[0], side * side, side * side):
+        raise ModelError(f"{net} computes its attention call {layer + 1} over {batch} windows of {lq} tokens per "
+                         f"image, which are not the {windows.shape[0]} windows of {side * side} tokens of its "
+                         f"{h} × {w} grid, so attnviz refuses it rather than guess where they lie.")
+    if shift and not masks_the_shift(call, shift_regions(windows, (h, w), side, shift)):
+        raise ModelError(f"{net}'s attention call {layer + 1} is over windows of a {h} × {w} grid shifted by {shift}, "
+                         "but its mask does not separate the regions that shift joins as Swin's does, so attnviz "
+                         "cannot tell where its windows lie and refuses it rather than guess.")
+    return LayerLayout(stage=0, block=0, grid=(h, w), patch=size // h, window=(side, side), shift=(shift, shift),
+                       num_heads=heads, head_dim=d, scale=call.scale, windows=windows)
+
+
 # ---- the token layout of each call -------------------------------------------------------------------
 
 
@@ -182,8 +297,10 @@ def attention_modules(network: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def layouts_of(network: torch.nn.Module, size: int, calls: list[Call], grid: tuple[int, int] | None,
-               prefix: int | None) -> tuple[tuple[LayerLayout, ...], bool]:
-    """Each call's :class:`LayerLayout` at S × S inputs, and whether token 0 is a class token; or one sentence."""
+               prefix: int | None, where: list[Placement | None] | None = None
+               ) -> tuple[tuple[LayerLayout, ...], bool]:
+    """Each call's :class:`LayerLayout` at S × S inputs, and whether token 0 is a class token; or one sentence.
+    ``where``: per call, the windowed module it was made in (:func:`placements`), or None."""
     net = _name(network)
     if grid is None:
         patch = patch_embedding(network)
@@ -202,16 +319,27 @@ def layouts_of(network: torch.nn.Module, size: int, calls: list[Call], grid: tup
     expected = counted if prefix is None else int(prefix)
     class_token = class_token and expected > 0
     layouts, stage, block, previous = [], -1, 0, None
-    for layer, call in enumerate(calls):
+    where = where or [None] * len(calls)
+    for layer, (call, place) in enumerate(zip(calls, where)):
         batch, heads, lq, d = call.query.shape
         lk = call.key.shape[-2]
+        if call.dropout > 0:
+            raise ModelError(f"{net} calls {call.where} with dropout {call.dropout:g} in eval mode, so its attention "
+                             "is random on every pass and attnviz refuses it rather than show one draw.")
+        if place is not None:  # the windows of one image, placed by the module that made the call
+            if expected:
+                raise ModelError(f"{net}'s attention call {layer + 1} is over windows of its token grid, which hold "
+                                 f"no prefix tokens, so attnviz cannot read it with {expected} prefix tokens.")
+            shape = ("windows", place.grid, heads, d, call.scale)
+            if shape != previous:
+                stage, block, previous = stage + 1, 0, shape
+            layouts.append(_at(windowed_layout(net, size, layer, call, place), stage, block))
+            block += 1
+            continue
         if batch != 1:
             raise ModelError(f"{net} computes its attention call {layer + 1} over {batch} windows of {lq} tokens per "
                              "image, whose places on the image the generic path does not infer, so attnviz refuses it "
                              "rather than guess them.")
-        if call.dropout > 0:
-            raise ModelError(f"{net} calls {call.where} with dropout {call.dropout:g} in eval mode, so its attention "
-                             "is random on every pass and attnviz refuses it rather than show one draw.")
         key_prefix = lk - cells
         if key_prefix != expected:
             hint = (f"{expected} prefix tokens ({'its class and register token parameters' if prefix is None else 'prefix='})"
@@ -294,22 +422,29 @@ class GenericAdapter(Adapter):
             return run(network, x)
 
 
-def probe(network: torch.nn.Module, size: int) -> tuple[list[Call], list[tuple]]:
-    """Every attention call ``network`` makes on one S × S input of zeros, in order, and the shapes of the
-    softmaxes over three or more axes it takes by hand (attention weights that no call makes)."""
+def probe(network: torch.nn.Module, size: int) -> tuple[list[Call], list[tuple], list[Placement | None]]:
+    """Every attention call ``network`` makes on one S × S input of zeros, in order, the shapes of the
+    softmaxes over three or more axes it takes by hand (attention weights that no call makes), and per call the
+    windowed module it was made in (None outside one)."""
     calls: list[Call] = []
     by_hand: list[tuple] = []
+    where: list[Placement | None] = []
     weights = next(network.parameters(), None)
     x = torch.zeros(1, 3, size, size, dtype=weights.dtype if weights is not None and weights.is_floating_point()
                     else torch.float32, device=weights.device if weights is not None else "cpu")
     try:
-        with torch.inference_mode(), Intercept(calls.append, by_hand=by_hand):
-            run(network, x)
+        with torch.inference_mode(), placements(network) as now:
+            def sink(call: Call) -> None:
+                calls.append(call)
+                where.append(now())
+
+            with Intercept(sink, by_hand=by_hand):
+                run(network, x)
     except Exception as e:  # the network's own error on this input: one sentence
         first = (str(e).strip().splitlines() or [""])[0][:160]
         raise ModelError(f"{_name(network)} did not run on a 1 × 3 × {size} × {size} input ({type(e).__name__}: "
                          f"{first}), so attnviz cannot read its attention.") from e
-    return calls, by_hand
+    return calls, by_hand, where
 
 
 def adapter(network: torch.nn.Module, size: int, grid: tuple[int, int] | None = None,
@@ -317,11 +452,12 @@ def adapter(network: torch.nn.Module, size: int, grid: tuple[int, int] | None = 
     """The generic adapter of ``network`` at S × S inputs, or a ModelError saying why it is not read."""
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         raise ModelError(f"The input size must be a positive whole number of pixels, not {size!r}.")
-    calls, by_hand = probe(network, size)
+    calls, by_hand, placed = probe(network, size)
     modules = attention_modules(network)
     net = _name(network)
     hint = ""
-    if getattr(getattr(network, "config", None), "_attn_implementation", None) == "eager":
+    if getattr(getattr(network, "config", None), "_attn_implementation", None) == "eager" \
+            and getattr(network, "_supports_sdpa", False):  # Hugging Face's Swin V2 has no SDPA path to load
         hint = " (load it with attn_implementation=\"sdpa\")"
     if not calls and (modules or by_hand):
         where = f" in {type(modules[0]).__name__}" if modules else ""
@@ -342,7 +478,7 @@ def adapter(network: torch.nn.Module, size: int, grid: tuple[int, int] | None = 
             f"{net} has {len(modules)} attention modules ({type(modules[0]).__name__}) but makes {len(calls)} "
             f"attention calls through PyTorch, so {'some compute their softmax by hand' if fewer else 'a module makes several calls whose weights it combines'}; "
             "attnviz refuses it rather than show part of its attention.")
-    layouts, class_token = layouts_of(network, size, calls, grid, prefix)
+    layouts, class_token = layouts_of(network, size, calls, grid, prefix, placed)
     first = layouts[0]
     return GenericAdapter(
         family="generic (PyTorch attention calls)", attentions=(), blocks=(),
