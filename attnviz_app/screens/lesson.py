@@ -20,7 +20,7 @@ with startup.importing():
     from attnviz import Capture, Model, i18n, lesson, render
     from attnviz_app.text import listed, t
     from attnviz_app.views.base import patch_named
-    from attnviz_app.views.common import SVG, described
+    from attnviz_app.views.common import SVG, described, markdown_table
 
 CMAP = "inferno"
 QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
@@ -49,16 +49,6 @@ def formula(*lines: str, joiner: str = " ", aligned: bool = True, stacked: bool 
         return r"\begin{aligned}" + r" \\ ".join(line.replace("\n", r" \\ &") for line in lines) + r"\end{aligned}"
     return r"\begin{gathered}" + r" \\ ".join(line.replace("&", "").replace("\n", r" \\ ") for line in lines) \
         + r"\end{gathered}"
-
-
-def markdown_table(header: list[str], rows: list[list[str]], transposed: bool = False) -> str:
-    """A Markdown table. ``transposed`` (a phone): a row per column, a column per row, so that the worked example's
-    seven quantities of three keys fit a 358 px column (its weights, the result, were cut off at the right)."""
-    if transposed:
-        header, rows = [header[0], *(row[0] for row in rows)], [[name, *(row[i] for row in rows)]
-                                                                for i, name in enumerate(header) if i]
-    line = lambda cells: " ".join(f"| {' | '.join(cells)} |".split())  # noqa: E731  (an empty cell is "| |")
-    return "\n".join([line(header), "|" + "---|" * len(header), *(line(row) for row in rows)])
 
 
 def remembered_choice(widget, label: str, options: list, key: str, format_func, **kwargs):
