@@ -1,6 +1,8 @@
 """The three views of issue #20 drawn through AppTest on the tiny ViT: their words are this capture's numbers."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -80,6 +82,35 @@ def test_faithfulness_panel_shows_the_measured_sentence_and_table(lang):
     assert not at.exception
     _, _, blurred = reference("blur")
     assert at.info[0].value == fa.sentence(blurred, lang)
+
+
+def phone_results():
+    from attnviz_app.views import faithfulness
+    from test_views_faithfulness import reference
+
+    faithfulness.results(reference()[2], narrow=True)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh-TW"])
+def test_on_a_phone_the_faithfulness_table_is_three_wrapping_columns(lang):
+    """A phone: a Markdown table (its cells wrap inside the 358 px column, where a data frame's cut its last column
+    off) of every map with its two areas under short headings; no data frame."""
+    from attnviz import faithfulness as fa
+
+    at = AppTest.from_function(phone_results, default_timeout=60)
+    at.session_state["lang"] = lang
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.dataframe
+    table = next(m.value for m in at.markdown if m.value.startswith("|"))
+    lines = table.splitlines()
+    heads = {"en": "| Map | deletion ↓ | insertion ↑ |", "zh-TW": "| 圖 | 刪除 ↓ | 插入 ↑ |"}[lang]
+    assert lines[0] == heads and lines[1] == "|---|---|---|"
+    _, _, result = reference()
+    best, *_ = result.ranked()
+    assert lines[2] == f"| {fa.map_name(best.ranking, lang)} | {best.deletion_area:.3f} | {best.insertion_area:.3f} |"
+    assert len(lines) == 2 + len(result.curves) + 1  # every map, and the random orders' mean ± spread
+    assert re.search(r"\| \d\.\d{3} ± \d\.\d{3} \| \d\.\d{3} ± \d\.\d{3} \|$", lines[-1]), lines[-1]
 
 
 def test_ablation_view_clicks_and_output_sentence():

@@ -20,7 +20,7 @@ with startup.importing():
     from attnviz import Capture, Model, i18n, lesson, render
     from attnviz_app.text import listed, t
     from attnviz_app.views.base import patch_named
-    from attnviz_app.views.common import SVG, described
+    from attnviz_app.views.common import SVG, described, markdown_table
 
 CMAP = "inferno"
 QUERY_COLOUR, KEY_COLOUR = (0, 229, 255), (255, 64, 160)  # cyan query, magenta key: both visible on inferno
@@ -49,16 +49,6 @@ def formula(*lines: str, joiner: str = " ", aligned: bool = True, stacked: bool 
         return r"\begin{aligned}" + r" \\ ".join(line.replace("\n", r" \\ &") for line in lines) + r"\end{aligned}"
     return r"\begin{gathered}" + r" \\ ".join(line.replace("&", "").replace("\n", r" \\ ") for line in lines) \
         + r"\end{gathered}"
-
-
-def markdown_table(header: list[str], rows: list[list[str]], transposed: bool = False) -> str:
-    """A Markdown table. ``transposed`` (a phone): a row per column, a column per row, so that the worked example's
-    seven quantities of three keys fit a 358 px column (its weights, the result, were cut off at the right)."""
-    if transposed:
-        header, rows = [header[0], *(row[0] for row in rows)], [[name, *(row[i] for row in rows)]
-                                                                for i, name in enumerate(header) if i]
-    line = lambda cells: " ".join(f"| {' | '.join(cells)} |".split())  # noqa: E731  (an empty cell is "| |")
-    return "\n".join([line(header), "|" + "---|" * len(header), *(line(row) for row in rows)])
 
 
 def remembered_choice(widget, label: str, options: list, key: str, format_func, **kwargs):
@@ -187,12 +177,16 @@ def next_step(labels: list[str], by: int) -> None:
 
 SQUARE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
 LABEL_PX = 13  # the squares' labels: 12 px and more once a phone's column scales the chart down
+# a label's line, in the chart's own pixels: its text box, from its font's ascent to its descent, is 17 px on the page,
+# where Vega draws the chart's 360 px at 94 % (its padding inside the chart's size)
+LINE_PX = 19
 
 
 def square_labels(sizes: list[tuple[str, int]], side: int) -> list[dict]:
     """Where each nested square's label goes (pixels from the top left of a ``side`` px chart): inside its square's
     top-left corner where it fits there above the next smaller square, else right of the squares too small to hold
-    theirs, one under the other. Drawn inside, the 196 and 224 px squares' labels (15 px apart) overlapped."""
+    theirs, one under the other, ``LINE_PX`` apart. Drawn inside, the 196 and 224 px squares' labels (15 px apart)
+    overlapped; outside, 15 px apart, their text boxes still did (by a pixel: a "p"'s tail over the next line's digits)."""
     largest = max(n for _, n in sizes)
     colour = {label: SQUARE_COLOURS[i % len(SQUARE_COLOURS)] for i, (label, _) in enumerate(sizes)}
     ranked = sorted(sizes, key=lambda s: -s[1])
@@ -200,7 +194,7 @@ def square_labels(sizes: list[tuple[str, int]], side: int) -> list[dict]:
     wide = lambda text: 0.58 * LABEL_PX * len(text)  # noqa: E731  (ASCII in Vega's sans-serif: ~0.55 em a character)
     texts = [f"{label}: N = {n}" for label, n in ranked]
     # inside: as wide as its square, and between its square's top and the next smaller square's
-    inside = [wide(text) + 8 <= edge and (i + 1 == len(edges) or edge - edges[i + 1] >= LABEL_PX + 5)
+    inside = [wide(text) + 8 <= edge and (i + 1 == len(edges) or edge - edges[i + 1] >= LINE_PX + 3)
               for i, (text, edge) in enumerate(zip(texts, edges))]
     first_outside = next((i for i, fits in enumerate(inside) if not fits), len(edges))
     outside_x = edges[first_outside] + 6 if first_outside < len(edges) else 0
@@ -210,8 +204,8 @@ def square_labels(sizes: list[tuple[str, int]], side: int) -> list[dict]:
         if i < first_outside:
             x, y = 4.0, top + 3.0
         else:
-            x, y = outside_x, max(top + 3.0, below + 2.0)
-            below = y + LABEL_PX
+            x, y = outside_x, max(top + 3.0, below)
+            below = y + LINE_PX
         placed.append({"label": text, "size": label, "x": x, "y": y, "edge": edge, "top": top,
                        "colour": colour[label], "outside": i >= first_outside})
     return placed

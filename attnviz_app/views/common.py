@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 from contextlib import nullcontext
 from typing import Callable
 
@@ -117,14 +118,30 @@ def download_chart(chart, stem: str, key: str) -> None:
 
 
 def _vector_buttons(build, stem: str, key: str, help: str) -> None:
-    """The two buttons side by side; ``build(format)`` is the callable that makes the file."""
-    svg, pdf = st.columns(2)
-    with svg:
+    """The two buttons side by side, or one under the other where the column is too narrow for both (in two
+    columns of their own, a narrow column's halves cut their labels off: "Download as SV…");
+    ``build(format)`` is the callable that makes the file."""
+    with st.container(horizontal=True, wrap=True):
         download_file(build("svg"), f"{stem}.svg", key=f"{key}_svg", mime="image/svg+xml",
                       label=t("figure.download_svg"), help=help)
-    with pdf:
         download_file(build("pdf"), f"{stem}.pdf", key=f"{key}_pdf", mime="application/pdf",
                       label=t("figure.download_pdf"), help=help)
+
+
+def markdown_table(header: list[str], rows: list[list[str]], transposed: bool = False) -> str:
+    """A Markdown table: unlike a data frame's, its cells wrap, so it keeps within a phone's 358 px column. ``transposed``
+    (a phone): a row per column, a column per row, so that the lesson's worked example's seven quantities of three keys
+    fit that column (its weights, the result, were cut off at the right)."""
+    if transposed:
+        header, rows = [header[0], *(row[0] for row in rows)], [[name, *(row[i] for row in rows)]
+                                                                for i, name in enumerate(header) if i]
+    line = lambda cells: " ".join(f"| {' | '.join(cells)} |".split())  # noqa: E731  (an empty cell is "| |")
+    return "\n".join([line(header), "|" + "---|" * len(header), *(line(row) for row in rows)])
+
+
+def escape_markdown(text: str) -> str:
+    """``text`` shown as it is inside Markdown: a model's class name can hold ``*``, ``_``, ``|`` or ``$``."""
+    return re.sub(r"([\\`*_\[\]<>|$~])", r"\\\1", text)
 
 
 def head_part(head) -> str:

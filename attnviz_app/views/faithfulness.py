@@ -12,7 +12,7 @@ from .. import heavy
 from ..text import t
 
 from .base import Context, Linked, View, flag, one_of, register, write_flag
-from .common import described, download_chart, table_layer
+from .common import described, download_chart, escape_markdown, markdown_table, table_layer
 
 KIND = "faithfulness"
 
@@ -132,9 +132,14 @@ def results(result: fa.Faithfulness, narrow: bool = False) -> None:
             for r in rows],
         t("faith_page.against_random_ins"): [verdict(r["insertion_verdict"]) if r["rank"] else "" for r in rows],
     })
-    if narrow:  # a phone: the two areas beside the names; the verdicts are in the sentence and on a wider screen
-        table = table.iloc[:, [1, 2, 4]]
-    st.dataframe(table, hide_index=True, width="stretch")
+    if narrow:  # a phone: the two areas beside the names, under short headings, in a table whose names wrap (a data
+        # frame's map column alone was 270 px wide: the areas were cut off at the right); the verdicts are in the
+        # sentence and on a wider screen, the fill in the caption
+        short = [t("faith_page.map"), t("faith_page.deletion_short") + " ↓", t("faith_page.insertion_short") + " ↑"]
+        st.markdown(markdown_table(short, [[escape_markdown(str(cell)) for cell in row]
+                                           for row in table.iloc[:, [1, 2, 4]].values.tolist()]))
+    else:
+        st.dataframe(table, hide_index=True, width="stretch")
     st.caption(t("faith_page.table_caption", fill=fill, inputs=result.inputs))
     for note in result.notes:
         st.caption(note)

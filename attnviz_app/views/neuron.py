@@ -30,7 +30,7 @@ def strip_chart(pair, narrow: bool) -> alt.Chart:
                          (t("neuron_page.product"), pair.product)):
         rows += [{"row": name, "dim": i + 1, "value": float(v)} for i, v in enumerate(values)]
     data = pd.DataFrame(rows)
-    width = 340 if narrow else 640
+    width = 230 if narrow else 640  # with its row names and colour scales, in a phone's 358 px column: not scaled down
 
     def one(name: str) -> alt.Chart:
         return alt.Chart(data[data["row"] == name]).mark_rect().encode(

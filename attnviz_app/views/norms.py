@@ -99,7 +99,8 @@ def show(ctx: Context) -> None:
     layer = ctx.layer
     ratios = cap.norm_ratio(layer)  # (h, w)
     st.subheader(t("families.norms_title", layer=layer + 1))
-    left, right = st.columns([3, 2], gap="large")
+    # a phone, even turned sideways (844 px): one column; the histogram's 170 px beside the map cut its buttons' labels
+    left, right = (st.container(), st.container()) if ctx.narrow else st.columns([3, 2], gap="large")
     with left:
         picture = enlarge(render.overlay(ctx.view, ratios, alpha=ctx.alpha, cmap=ctx.cmap, smooth=ctx.smooth))
         picture = mark_high_norm(picture, cap, layer)
