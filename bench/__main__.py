@@ -51,6 +51,26 @@ def medians(fns: dict, repeats: int, warmup: int = 2) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+
+def floor_and_capture(model, x, repeats: int) -> dict[str, float]:
+    """Median seconds of the network's own forward pass ("floor") and of attnviz's capture of it ("capture") on ``x``,
+    interleaved (:func:`medians`), each waiting for a GPU to finish."""
+    import torch
+
+    from attnviz.capture import capture_tensor
+
+    def finished(fn):
+        def run():
+            fn()
+            if x.device.type == "cuda":
+                torch.cuda.synchronize()
+        return run
+
+    with torch.inference_mode():
+        return medians({"floor": finished(lambda: model.network(x)),
+                        "capture": finished(lambda: capture_tensor(model, x))}, repeats)
+
+
 def eager_copy(network: torch.nn.Module) -> torch.nn.Module:
     """The peers need timm's eager path (its fused path never produces the weights)."""
     net = copy.deepcopy(network)

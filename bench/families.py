@@ -13,8 +13,7 @@ import timm
 import torch
 
 import attnviz
-from attnviz.capture import capture_tensor
-from bench.__main__ import medians
+from bench.__main__ import floor_and_capture
 
 MODELS = {
     "timm ViT": "vit_small_patch16_224",
@@ -69,16 +68,7 @@ def main() -> None:
         model = attnviz.wrap(network, name, "random init", size, device=args.device)
         x = torch.randn(1, 3, size, size, device=args.device)
 
-        def sync(fn):
-            def run():
-                fn()
-                if args.device.startswith("cuda"):
-                    torch.cuda.synchronize()
-            return run
-
-        with torch.inference_mode():
-            t = medians({"floor": sync(lambda: model.network(x)), "capture": sync(lambda: capture_tensor(model, x))},
-                        args.repeats)
+        t = floor_and_capture(model, x, args.repeats)
         tokens = model.adapter.layouts[0].num_tokens if model.adapter.layouts is not None else model.num_tokens
         print(f"| {family} | {name} | {tokens} | {t['floor'] * 1000:.0f} ms | "
               f"{t['capture'] * 1000:.0f} ms ({t['capture'] / t['floor']:.2f}×) |")

@@ -15,8 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import attnviz
-from attnviz.capture import capture_tensor
-from bench.__main__ import medians
+from bench.__main__ import floor_and_capture
 
 
 class SdpaAttention(nn.Module):
@@ -80,16 +79,7 @@ def main() -> None:
         model = attnviz.wrap(network, name, "random init", args.size, device=args.device)
         x = torch.randn(1, 3, args.size, args.size, device=args.device)
 
-        def sync(fn):
-            def run():
-                fn()
-                if args.device.startswith("cuda"):
-                    torch.cuda.synchronize()
-            return run
-
-        with torch.inference_mode():
-            t = medians({"floor": sync(lambda: model.network(x)), "capture": sync(lambda: capture_tensor(model, x))},
-                        args.repeats)
+        t = floor_and_capture(model, x, args.repeats)
         print(f"| {name} | {model.num_tokens} | {t['floor'] * 1000:.0f} ms | {t['capture'] * 1000:.0f} ms | "
               f"{t['capture'] / t['floor']:.2f}× |")
 
