@@ -125,12 +125,11 @@ PRESENT_CSS = """
 .st-key-join code { font-size: 22px; color: #ffffff; background: #2b2b2b; word-break: break-all; }
 /* High contrast for a projector in a dark room: light type on near-black (captions 12:1 and more, WCAG's AAA asks
    7:1); the boxes keep Streamlit's own light fields, dark type on light. */
-.stApp, [data-testid="stAppViewContainer"], [data-testid="stMain"], [data-testid="stBottomBlockContainer"] {
-  background: #101010; color: #f5f5f5; }
+.stApp, [data-testid="stAppViewContainer"], [data-testid="stMain"] { background: #101010; color: #f5f5f5; }
 [data-testid="stMarkdownContainer"], [data-testid="stMarkdownContainer"] :is(p, li, span, strong, th, td),
 [data-testid="stHeadingWithActionElements"] :is(h1, h2, h3, h4), [data-testid="stWidgetLabel"] :is(p, label),
 [data-testid="stRadio"] label p, [data-testid="stExpander"] summary p, [data-testid="stSliderThumbValue"],
-[data-testid="stSliderTickBar"] div, [data-testid="stTab"] p, [data-testid="stMetricValue"] { color: #f5f5f5; }
+[data-testid="stSliderTickBar"] div, [data-testid="stTab"] p { color: #f5f5f5; }
 [data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] p, [data-testid="stImageCaption"] {
   color: #d6d6d6 !important; }
 [data-testid="stExpander"] details { border-color: #8a8a8a; }

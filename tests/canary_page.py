@@ -28,7 +28,9 @@ def first() -> None:
     st.dataframe(pd.DataFrame({"a": [1, 2]}))  # stDataFrame
     st.vega_lite_chart(pd.DataFrame({"x": [1, 2], "y": [3, 4]}),  # stVegaLiteChart, its stElementToolbar on hover
                        {"mark": "point", "encoding": {"x": {"field": "x"}, "y": {"field": "y"}}})
-    st.tabs(["One", "Two"])  # stTabs
+    st.tabs(["One", "Two"])  # stTabs, stTab
+    with st.expander("An expander"):  # stExpander
+        st.write("folded")
     if not st.session_state.setdefault("_ran", False):
         st.session_state["_ran"] = True
         time.sleep(RUN_S)
