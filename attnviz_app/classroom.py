@@ -175,7 +175,8 @@ BEHAVIOUR_JS = """
 # data-test-script-state says "notRunning"), every 100 ms for up to 20 s: the function ``scroll``, which answers true
 # (scrolled), false (not yet: a picture is still loading) or null (nothing to scroll to). After its first true it is
 # called for another ``HOLD_MS``, so that a picture or chart laid out late above the target does not push it off the
-# screen again; the visitor's own wheel, touch, key or click ends that at once. ``window.__attnvizAfterRuns`` counts
+# screen again; the visitor's own wheel, touch, key or click ends that at once, and so does any other scroll (the
+# page's scroll position moved since ours: a layout shift moves the target, not the position). ``window.__attnvizAfterRuns`` counts
 # the scripts that have not yet scrolled or given up: the browser tests wait for it to be 0 (tests/serve.py: settle).
 HOLD_MS = 1500
 AFTER_RUN_JS = """
@@ -183,7 +184,8 @@ AFTER_RUN_JS = """
 (() => {
   const scroll = %(scroll)s;
   const started = Date.now();
-  let pending = true, scrolledAt = null, visitor = false;
+  let pending = true, scrolledAt = null, visitor = false, top = null;
+  const scroller = () => document.querySelector('[data-testid="stMain"]') || document.scrollingElement;
   window.__attnvizAfterRuns = (window.__attnvizAfterRuns || 0) + 1;
   const settled = () => { if (pending) window.__attnvizAfterRuns -= 1; pending = false; };
   const mine = () => { visitor = true; };
@@ -192,10 +194,12 @@ AFTER_RUN_JS = """
   const timer = setInterval(() => {
     const now = Date.now();
     const state = document.querySelector("[data-test-script-state]")?.dataset.testScriptState;
-    const over = visitor || now - started > 20000 || (scrolledAt !== null && now - scrolledAt > %(hold)d);
+    const moved = top !== null && Math.abs(scroller().scrollTop - top) > 2;  // scrolled by someone else
+    const over = visitor || moved || now - started > 20000 || (scrolledAt !== null && now - scrolledAt > %(hold)d);
     if (!over && (now - started < 300 || state !== "notRunning")) return;
     const answer = over ? null : scroll();
     if (answer === true && scrolledAt === null) { scrolledAt = now; settled(); }
+    if (answer === true) top = scroller().scrollTop;
     if (answer === null || over) {
       settled();
       clearInterval(timer);

@@ -112,7 +112,9 @@ def choose_option(page, box: str, option) -> None:
     view first: a phone's tap on a box Playwright had to scroll to focused it without opening its list (the Swin
     page's Stage box, above the picture the page scrolls to)."""
     for _ in range(3):
-        page.locator(box).first.scroll_into_view_if_needed()
+        # to the middle of the screen, as a person scrolls before opening a list: at the screen's edge its options
+        # open off screen, and Playwright's scroll to an option closes the list (it redraws on scroll)
+        page.locator(box).first.evaluate("e => e.scrollIntoView({block: 'center', behavior: 'instant'})")
         page.wait_for_timeout(200)
         page.locator(box).first.click()
         if not option.count():
