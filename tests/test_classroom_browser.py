@@ -396,6 +396,11 @@ def test_each_lesson_step_fits_a_projector_with_its_picture_and_formula(app_in_c
         page.get_by_role("tab").nth(step).click()
         page.wait_for_url(f"**step={step + 1}**", timeout=60_000)
         settle(page)
+        try:  # the step's picture is laid out after its run ends (its height is 0 until the image has decoded)
+            page.wait_for_function(f"() => {{ const g = ({STEP_ON_SCREEN})(); return g.picture && g.formula; }}",
+                                   timeout=30_000)
+        except Exception:
+            pass  # the assertions below say what is missing
         got = page.evaluate(STEP_ON_SCREEN)
         for part in ("tabs", "picture", "formula"):
             assert got[part] is not None, (lang, step + 1, part, got)
