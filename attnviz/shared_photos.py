@@ -40,11 +40,12 @@ class SharedPhotos:
         self._names: dict[str, str] = {}  # digest → name
         self._lock = threading.Lock()
 
-    def share(self, data: bytes, filename: str) -> str:
-        """The name under which ``data`` can be opened (the same name while the same bytes are kept)."""
+    def share(self, data: bytes, filename: str, digest: str | None = None) -> str:
+        """The name under which ``data`` can be opened (the same name while the same bytes are kept). ``digest``:
+        the bytes' sha256 where the caller has it (the page keys its captures by it), not computed again."""
         if len(data) > self.max_bytes:
             raise ValueError(f"a photo of {len(data)} bytes is more than the {self.max_bytes} this server shares")
-        digest = hashlib.sha256(data).hexdigest()
+        digest = digest or hashlib.sha256(data).hexdigest()
         with self._lock:
             self._forget_old()
             name = self._names.get(digest)

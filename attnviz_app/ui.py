@@ -345,7 +345,7 @@ def photo_link(recall: Recall, present: bool) -> str | None:
     if source == "shared":
         return st.session_state.get("shared_photo")
     if present and source in ("upload", "camera"):
-        return shared_photos().share(recall.data, recall.filename)
+        return shared_photos().share(recall.data, recall.filename, digest=recall.key[1])  # hashed once, per upload
     return None
 
 

@@ -116,15 +116,16 @@ def page() -> None:
             )
         else:
             head = st.session_state.get("head", "mean")
-        layers = list(range(1, cap.num_layers + 1))
-        for needs, args, pair in (
-            (views.LAYER, ("layer", layers, cap.num_layers), (("layer_prev", "◀", -1, "Left"), ("layer_next", "▶", 1, "Right"))),
-            (views.HEAD, ("head", heads, "mean"), (("head_prev", "▲", -1, "Up"), ("head_next", "▼", 1, "Down"))),
+        for needs, options, first, pair in (
+            (views.LAYER, list(range(1, cap.num_layers + 1)), cap.num_layers,
+             (("layer_prev", "◀", -1, "Left"), ("layer_next", "▶", 1, "Right"))),
+            (views.HEAD, heads, "mean", (("head_prev", "▲", -1, "Up"), ("head_next", "▼", 1, "Down"))),
         ):
-            for column, (key, arrow, by, shortcut) in zip(sides.get(needs, (None, None, None))[::2], pair):
+            before, _, after = sides.get(needs, (None, None, None))
+            for column, (key, arrow, by, shortcut) in zip((before, after), pair):
                 if column is not None:
-                    column.button(arrow, key=key, help=t(f"classroom.{key}"), on_click=step,
-                                  args=(args[0], args[1], by, args[2]), width="stretch", shortcut=shortcut)
+                    column.button(arrow, key=key, help=t(f"classroom.{key}"), on_click=step, args=(needs, options, by, first),
+                                  width="stretch", shortcut=shortcut)
         chosen = view_col.selectbox(
             t("views.choose"), offered, key="view", placeholder=t("classroom.choose"),
             format_func=lambda v: t(f"views.{v}") + (t("classroom.classifier_only") if VIEWS[v].needs_classifier
