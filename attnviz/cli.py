@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, qk_cli, render, video_cli
-from .command import UsageError, check_device, check_outputs, load_model_from, model_arguments, run_command
+from .command import UsageError, check_device, check_outputs, load_model_from, model_arguments, reads, run_command
 from .images import ImageError
 from .photos import load_photo
 
@@ -103,7 +103,7 @@ def recorded_names(images: list[str]) -> dict[str, str]:
 def check_inputs_kept(planned: list[tuple[str, str]], out: Path, args: argparse.Namespace) -> None:
     """Refuse, before anything is written, an output path that is one of the inputs (photos, checkpoint)."""
     check_outputs(((f"{name}'s {what}", target) for name, stem in planned for what, target in outputs(out, stem, args)),
-                  [*(name for name, _ in planned), args.checkpoint],
+                  reads(args, *(name for name, _ in planned)),
                   "nothing was exported, so choose another --out folder or rename that file")
 
 
