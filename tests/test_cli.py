@@ -74,3 +74,24 @@ def test_faithfulness_help_says_percent_once(capsys):
         cli.main(["faithfulness", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "remove them 10 % at a time" in text and "%%" not in text
+
+
+def test_inputs_of_one_name_in_folders_of_one_name_are_told_apart_by_as_much_of_their_path_as_it_takes(
+        tmp_path, monkeypatch):
+    """Before: a/x/p.jpg and b/x/p.jpg became p.npz and p_.npz, both recording ``file: x/p.jpg``."""
+    from attnviz import export as exporting
+    from conftest import tiny_vit
+
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny_vit())
+    photos = [tmp_path / "a" / "x" / "p.jpg", tmp_path / "b" / "x" / "p.jpg", tmp_path / "c" / "p.jpg"]
+    for photo in photos:
+        photo.parent.mkdir(parents=True)
+        Image.new("RGB", (40, 40), (200, 30, 30)).save(photo)
+    out = tmp_path / "out"
+    assert cli.main(["export", *map(str, photos), "--out", str(out), "--format", "qk", "--quiet"]) == 0
+    recorded = {p.name: exporting.read_meta(p)["source"]["file"] for p in out.glob("*.npz")}
+    assert recorded == {"a_x_p.npz": "a/x/p.jpg", "b_x_p.npz": "b/x/p.jpg", "c_p.npz": "c/p.jpg"}
+    monkeypatch.chdir(tmp_path / "a")  # relative names: told apart by their absolute paths, recorded by their ends
+    assert cli.recorded_names(["x/p.jpg", "../b/x/p.jpg", "x/p.jpg"]) == {"x/p.jpg": "a/x/p.jpg",
+                                                                        "../b/x/p.jpg": "b/x/p.jpg"}
+    assert cli.plan(["x/p.jpg", "../b/x/p.jpg"]) == [("x/p.jpg", "a_x_p"), ("../b/x/p.jpg", "b_x_p")]
