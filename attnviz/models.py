@@ -78,8 +78,10 @@ class Model:
     # attnviz.fast() checked exact for this model at this size; None (PyTorch) by default.
     runtime: Any = None
     # Sentences a page shows beside the photo: how its input was guessed where the model's files did not say
-    # (e.g. a Hugging Face folder without preprocessor_config.json: ImageNet's mean and std).
+    # (e.g. a Hugging Face folder without preprocessor_config.json: ImageNet's mean and std); ``note_keys`` the same
+    # notes as (key, values) of the catalogue's ``images.note_<key>``, said in the reader's language (as a photo's).
     notes: tuple[str, ...] = ()
+    note_keys: tuple[tuple[str, dict], ...] = ()
     tap: Tap = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
