@@ -30,6 +30,8 @@ from .command import UsageError, check_device, check_outputs, load_model_from, m
 from .images import ImageError
 from .photos import load_photo
 
+LARGE_EXPORT_BYTES = 100_000_000  # --format full over this per photo is said once, before the first photo
+
 
 def safe_stem(path: str) -> str:
     """A file-name stem with no directories, dots-only names or odd characters (no path traversal)."""
@@ -141,6 +143,19 @@ def output_folder(name: str, create: bool = True) -> Path:
     return out
 
 
+def size_note(model, args: argparse.Namespace) -> str | None:
+    """One line saying how large ``--format full`` makes each photo's file where that is over
+    :data:`LARGE_EXPORT_BYTES` (a model with stages and windows: its matrices are mostly zeros), or None."""
+    if args.format != "full":
+        return None
+    size = exporting.attention_bytes(model.layouts, args.dtype)
+    if size <= LARGE_EXPORT_BYTES:
+        return None
+    return (f"note: --format full writes {size / 1e6:.0f} MB of attention weights per photo for {model.public_name} "
+            "(every layer's N × N matrix); --format qk leaves them out and load_capture recomputes the same weights "
+            "from the queries and keys.")
+
+
 def export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -154,6 +169,9 @@ def export(args: argparse.Namespace) -> int:
     model = load_model_from(args, "Nothing was exported.")
     out = output_folder(args.out)
     weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
+    note = size_note(model, args)
+    if note is not None:
+        print(note, file=sys.stderr)
     sources = recorded_names(args.images)
     failed, done = 0, 0
     try:
@@ -208,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     model_arguments(ex, fit_help="non-square photos: resize and centre-crop (default, as timm does) or squash the "
                                  "whole photo")
     ex.add_argument("--format", choices=exporting.FORMATS, default="full",
-                    help="full (default): also `attention` (L, H, N, N), 540 MB at 518 px in float32; "
-                    "qk: only the queries and keys (51 MB at 518 px), from which load_capture recomputes every weight")
+                    help="full (default): also `attention` (L, H, N, N), 540 MB at 518 px in float32 and 298 MB for a "
+                    "Swin-T at 224 px (said before the first photo when over 100 MB); qk: only the queries and keys "
+                    "(51 MB at 518 px, 21 MB for the Swin-T), from which load_capture recomputes every weight")
     ex.add_argument("--dtype", choices=exporting.DTYPES, default="float32",
                     help="precision of `attention` in --format full (float16 halves the file; stated inside it)")
     ex.add_argument("--rollout", action="store_true",
