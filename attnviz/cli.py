@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
-from collections import Counter
 from pathlib import Path
 
 from . import atomic, capture, dataset_cli, export as exporting, faithfulness_cli, figure_cli, i18n, qk_cli, render, video_cli
-from .command import UsageError, check_device, check_outputs, load_model_from, model_arguments, run_command
+from .command import UsageError, check_device, check_outputs, load_model_from, model_arguments, reads, run_command
 from .images import ImageError
 from .photos import load_photo
+
+LARGE_EXPORT_BYTES = 100_000_000  # --format full over this per photo is said once, before the first photo
 
 
 def safe_stem(path: str) -> str:
@@ -72,19 +74,37 @@ def export_one(model, path: Path, out: Path, stem: str, args: argparse.Namespace
         atomic.write_bytes(files["layer sweep"], sweep.sweep_gif(cap, picture=view))
 
 
+def tails(paths: list[str]) -> dict[str, str]:
+    """Each path's shortest ending (``x/p.jpg``) that none of the other paths ends with: what tells files of
+    one name apart without the rest of the path (exports are shared). The same path given twice is one."""
+    full = {name: Path(os.path.abspath(name)).parts[1:] for name in paths}
+    ends = {}
+    for name, parts in full.items():
+        others = {p for p in full.values() if p != parts}
+        k = 1
+        while k < len(parts) and any(p[-k:] == parts[-k:] for p in others):
+            k += 1
+        ends[name] = "/".join(parts[-k:])
+    return ends
+
+
 def plan(images: list[str]) -> list[tuple[str, str]]:
-    """Each input with the stem of its outputs: inputs with the same stem from different folders get their
-    folder's name in front (``a/x.jpg``, ``b/x.jpg`` → ``a_x``, ``b_x``); any still alike (``x.gif`` and ``x.webp``
-    in one folder) ``stem``, ``stem_``, …"""
-    folders: dict[str, set[str]] = {}
+    """Each input with the stem of its outputs: inputs with the same stem from different folders get the end of
+    their folder's path in front, as far as it tells them apart (``a/x.jpg``, ``b/x.jpg`` → ``a_x``, ``b_x``;
+    ``a/x/p.jpg``, ``b/x/p.jpg`` → ``a_x_p``, ``b_x_p``); any still alike (``x.gif`` and ``x.webp`` in one folder)
+    ``stem``, ``stem_``, …"""
+    groups: dict[str, list[str]] = {}
     for name in images:
-        folders.setdefault(safe_stem(name), set()).add(Path(name).parent.name)
-    alike = Counter(safe_stem(name) for name in images)
+        groups.setdefault(safe_stem(name), []).append(name)
+    named = {}
+    for alike in groups.values():
+        folders = {name: str(Path(name).parent) for name in alike}
+        if len(alike) > 1 and len({os.path.abspath(f) for f in folders.values()}) == len(alike):
+            ends = tails(list(folders.values()))  # each from its own folder: name the folders
+            named |= {name: safe_stem(f"{ends[folders[name]]}_{Path(name).name}".replace("/", "_")) for name in alike}
     planned, used = [], set()
     for name in images:
-        stem = safe_stem(name)
-        if alike[stem] > 1 and len(folders[stem]) == alike[stem]:  # each from its own folder: name the folder
-            stem = safe_stem(f"{Path(name).parent.name}_{Path(name).name}")
+        stem = named.get(name) or safe_stem(name)
         while stem in used:  # two inputs named alike must not overwrite each other
             stem += "_"
         used.add(stem)
@@ -93,17 +113,19 @@ def plan(images: list[str]) -> list[tuple[str, str]]:
 
 
 def recorded_names(images: list[str]) -> dict[str, str]:
-    """What each input's files record as its source: its file name, or folder/name where two inputs share the
-    name (never the rest of the path: exports are shared)."""
-    alike = Counter(Path(name).name for name in images)
-    return {name: f"{Path(name).parent.name}/{Path(name).name}" if alike[Path(name).name] > 1 else Path(name).name
-            for name in images}
+    """What each input's files record as its source: its file name, or, where inputs share the name, the end
+    of its path that tells it apart (:func:`tails`; never the rest of the path: exports are shared)."""
+    groups: dict[str, list[str]] = {}
+    for name in images:
+        groups.setdefault(Path(name).name, []).append(name)
+    return {name: (tails(alike)[name] if len(alike) > 1 else Path(name).name)
+            for alike in groups.values() for name in alike}
 
 
 def check_inputs_kept(planned: list[tuple[str, str]], out: Path, args: argparse.Namespace) -> None:
     """Refuse, before anything is written, an output path that is one of the inputs (photos, checkpoint)."""
     check_outputs(((f"{name}'s {what}", target) for name, stem in planned for what, target in outputs(out, stem, args)),
-                  [*(name for name, _ in planned), args.checkpoint],
+                  reads(args, *(name for name, _ in planned)),
                   "nothing was exported, so choose another --out folder or rename that file")
 
 
@@ -121,6 +143,19 @@ def output_folder(name: str, create: bool = True) -> Path:
     return out
 
 
+def size_note(model, args: argparse.Namespace) -> str | None:
+    """One line saying how large ``--format full`` makes each photo's file where that is over
+    :data:`LARGE_EXPORT_BYTES` (a model with stages and windows: its matrices are mostly zeros), or None."""
+    if args.format != "full":
+        return None
+    size = exporting.attention_bytes(model.layouts, args.dtype)
+    if size <= LARGE_EXPORT_BYTES:
+        return None
+    return (f"note: --format full writes {size / 1e6:.0f} MB of attention weights per photo for {model.public_name} "
+            "(every layer's N × N matrix); --format qk leaves them out and load_capture recomputes the same weights "
+            "from the queries and keys.")
+
+
 def export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -134,6 +169,9 @@ def export(args: argparse.Namespace) -> int:
     model = load_model_from(args, "Nothing was exported.")
     out = output_folder(args.out)
     weights = exporting.weights_file(model, args.checkpoint)  # sha256 once, not per image
+    note = size_note(model, args)
+    if note is not None:
+        print(note, file=sys.stderr)
     sources = recorded_names(args.images)
     failed, done = 0, 0
     try:
@@ -188,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     model_arguments(ex, fit_help="non-square photos: resize and centre-crop (default, as timm does) or squash the "
                                  "whole photo")
     ex.add_argument("--format", choices=exporting.FORMATS, default="full",
-                    help="full (default): also `attention` (L, H, N, N), 540 MB at 518 px in float32; "
-                    "qk: only the queries and keys (51 MB at 518 px), from which load_capture recomputes every weight")
+                    help="full (default): also `attention` (L, H, N, N), 540 MB at 518 px in float32 and 298 MB for a "
+                    "Swin-T at 224 px (said before the first photo when over 100 MB); qk: only the queries and keys "
+                    "(51 MB at 518 px, 21 MB for the Swin-T), from which load_capture recomputes every weight")
     ex.add_argument("--dtype", choices=exporting.DTYPES, default="float32",
                     help="precision of `attention` in --format full (float16 halves the file; stated inside it)")
     ex.add_argument("--rollout", action="store_true",

@@ -82,6 +82,13 @@ def identities(path: str | Path) -> set[tuple]:
     return ids
 
 
+def reads(args: argparse.Namespace, *inputs: str | Path | None) -> list[str | Path | None]:
+    """Every file or folder a command reads: ``inputs`` (its photos, video, run) and the files of the model
+    that :func:`model_arguments`' options in ``args`` name (:func:`attnviz.models.model_files`: the checkpoint,
+    a Hugging Face folder's files, a builder's source, the cached weights)."""
+    return [*inputs, *models.model_files(args.model, args.checkpoint)]
+
+
 def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[str | Path | None],
                   consequence: str = "nothing was written, so name another file") -> None:
     """Refuse, before anything is written, an output that is one of the inputs — the same file by name,
@@ -89,8 +96,9 @@ def check_outputs(outputs: Iterable[tuple[str, str | Path]], inputs: Iterable[st
     folder (a dataset run's own files: ``run.json``, its tables, its stored captures).
 
     ``outputs`` are (what it is for a reader, e.g. ``"--json out.json"``, path); ``inputs`` every file or
-    folder the command reads (None is skipped: an option not given). The sentence ends with ``consequence``.
-    Every command that writes files calls this: export, figure, faithfulness, qk and video.
+    folder the command reads (None is skipped: an option not given), as :func:`reads` lists them with the
+    model's own files. The sentence ends with ``consequence``. Every command that writes files calls this:
+    export, figure, faithfulness, qk and video.
     """
     taken: dict[tuple, str] = {}
     folders: list[tuple[str, str]] = []

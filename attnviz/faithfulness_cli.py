@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from . import atomic
-from .command import UsageError, check_outputs, load_model_from, model_arguments, say
+from .command import UsageError, check_outputs, load_model_from, model_arguments, reads, say
 from .errors import FaithfulnessError, ImageError
 
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     photo, out = Path(args.photo), Path(args.json_out)
     if out.is_dir():
         raise UsageError(f"--json {args.json_out} is a folder; name a file.")
-    check_outputs([(f"--json {args.json_out}", out)], [photo, args.checkpoint])
+    check_outputs([(f"--json {args.json_out}", out)], reads(args, photo))
     model = load_model_from(args, "Nothing was written.")
     try:
         start = time.perf_counter()

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from . import i18n
-from .command import check_outputs, load_model_from, model_arguments, say
+from .command import check_outputs, load_model_from, model_arguments, reads, say
 from .errors import AttnvizError, ImageError
 from .figure import FORMATS, VIEWS, FigureError
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             raise FigureError(f"--out {args.out} is a folder; name the figure's file, e.g. {Path(args.out) / 'figure.pdf'}.")
         if not Path(args.out).parent.is_dir():
             raise FigureError(f"the folder of --out {args.out} does not exist.")
-        check_outputs([(f"--out {args.out}", args.out)], [args.photo, args.checkpoint], "nothing was written, so "
+        check_outputs([(f"--out {args.out}", args.out)], reads(args, args.photo), "nothing was written, so "
                       "choose another file name")
         model = load_model_from(args)
         layers = layers or [model.depth - 1]

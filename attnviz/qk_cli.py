@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from . import atomic, qkmap
-from .command import UsageError, check_outputs, load_model_from, model_arguments, say
+from .command import UsageError, check_outputs, load_model_from, model_arguments, reads, say
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"a Q/K map takes at most {qkmap.MAX_PHOTOS} photos, not {len(args.photos)}.")
     if Path(args.json_out).is_dir():
         raise UsageError(f"--json {args.json_out} is a folder; name a file.")
-    check_outputs([(f"--json {args.json_out}", args.json_out)], [*args.photos, args.run, args.checkpoint])
+    check_outputs([(f"--json {args.json_out}", args.json_out)], reads(args, *args.photos, args.run))
     if args.run is not None:
         try:
             caps, names = qkmap.run_captures(args.run)

@@ -116,8 +116,9 @@ def image_message(error: ImageError) -> str:
 
 
 def image_notes(checked: CheckedImage, model: attnviz.Model, fit: str) -> list[str]:
-    """What a person should know about the photo: how it was decoded and how the model sees it."""
-    notes = [*checked.note_keys, *attnviz.photos.view_notes(checked.image.size, model, fit)]
+    """What a person should know about the photo: how it was decoded, how the model sees it, and how the model's
+    input was guessed where its files did not say (its normalisation)."""
+    notes = [*checked.note_keys, *attnviz.photos.view_notes(checked.image.size, model, fit), *model.note_keys]
     return [t(f"images.note_{key}", **values) for key, values in notes]
 
 

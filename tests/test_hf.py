@@ -184,6 +184,29 @@ def test_a_folder_without_preprocessor_config_says_it_uses_imagenet_mean_and_std
     assert with_file.notes == ()
 
 
+def test_the_page_says_a_folders_imagenet_guess_beside_the_photo_in_the_readers_language(tmp_path, monkeypatch):
+    """Before, the note was the library's English sentence, shown on a zh-TW page too, and only in the research
+    facts (not in the beginner's view); now it is said with the photo's own notes, from the catalogue."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import APP
+
+    save(tiny("ViTForImageClassification"), tmp_path / "bare")  # no preprocessor_config.json
+    monkeypatch.setenv("ATTNVIZ_CHECKPOINTS", str(tmp_path))
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.query_params["model"] = "ckpt:bare"
+    at.run()
+    assert not at.exception and at.selectbox(key="model_choice").value == "ckpt:bare"
+    said = [i.value for i in at.info if "preprocessor_config.json" in i.value]
+    assert said == ["Note: hf:bare has no preprocessor_config.json, so its photos are normalised with ImageNet's mean "
+                    "(0.485, 0.456, 0.406) and standard deviation (0.229, 0.224, 0.225); if it was trained with other "
+                    "values, its attention here is not what it computes on its own inputs."]
+    at.selectbox(key="lang").set_value("zh-TW").run()
+    said = [i.value for i in at.info if "preprocessor_config.json" in i.value]
+    assert said == ["注意：hf:bare 沒有 preprocessor_config.json，所以照片以 ImageNet 的平均值 (0.485, 0.456, 0.406) 與標準差 "
+                    "(0.229, 0.224, 0.225) 正規化；如果它訓練時用的是其他數值，這裡的注意力就不是它在自己的輸入上算出的注意力。"]
+
+
 def test_hf_without_transformers_is_one_sentence_naming_the_extra(tmp_path, monkeypatch):
     import sys
 

@@ -553,3 +553,30 @@ def test_a_photo_for_a_half_precision_model_is_prepared_in_its_dtype_and_bfloat1
         attnviz.capture(brain, photo)
     assert str(error.value) == ("tiny's weights are bfloat16, which attnviz's maps (numpy arrays) cannot hold; convert "
                                 "the model to float32 with model.network.float() and capture the photo again.")
+
+
+def test_a_forward_borrowed_from_another_module_or_a_compiled_block_is_one_sentence():
+    """Before, `attn.forward = changed_copy.forward` passed the check (the class's own function) and the capture
+    ended in a RuntimeError; a compiled block was said to compute not what 'OptimizedModule' defines."""
+    import copy
+
+    network = tiny_vit().network
+    changed = copy.deepcopy(network.blocks[1].attn)
+    with torch.no_grad():
+        changed.qkv.weight.mul_(3)
+    network.blocks[1].attn.forward = changed.forward
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(network, "borrowed", "test", 32)
+    assert one_sentence(error.value).startswith("VisionTransformer.blocks.1.attn (Attention) has its forward replaced")
+    network.blocks[1].attn.forward = network.blocks[0].attn.forward  # another layer's: its weights, its hooks
+    with pytest.raises(ModelError, match=r"^VisionTransformer.blocks.1.attn \(Attention\) has its forward replaced"):
+        attnviz.wrap(network, "borrowed", "test", 32)
+    del network.blocks[1].attn.forward
+    network.blocks[1].attn.forward = network.blocks[1].attn.forward  # its own, bound to itself: no change
+    assert attnviz.wrap(network, "own", "test", 32).depth == 2
+    network.blocks[1] = torch.compile(network.blocks[1])
+    with pytest.raises(ModelError) as error:
+        attnviz.wrap(network, "compiled block", "test", 32)
+    assert one_sentence(error.value) == (
+        "VisionTransformer.blocks.1 is a torch.compile'd Block, whose compiled graph attnviz cannot hook; put the "
+        "module before torch.compile (blocks.1._orig_mod) back in its place.")

@@ -372,3 +372,28 @@ def test_the_certified_bound_is_stated_and_holds_on_every_input_of_the_set(tiny,
         for layer in range(ref.num_layers):
             seen = max(seen, float((ref.layer_weights(layer) - got.layer_weights(layer)).abs().max()))
     assert seen <= runtimes.TOLERANCE and seen == pytest.approx(largest, rel=0.06, abs=1e-12)
+
+
+def test_token_removals_graph_is_checked_on_the_whole_set_not_on_the_cat(tiny):
+    """Before, the blocks-and-head graph was checked on the cat alone: one 1 % off on every other input passed."""
+    from attnviz import interventions
+
+    network, prefix = tiny.network, tiny.num_prefix_tokens
+    cat = interventions.embed(network, runtimes.probe(tiny))  # (1, N, D)
+    half = (cat.shape[1] - prefix) // 2
+    kept = torch.stack([torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2)])
+    cat_sequences = [cat.numpy(), interventions.keep_tokens(cat.expand(2, -1, -1), prefix, kept).numpy()]
+
+    def exact_on_the_cat_only(tokens: np.ndarray) -> list[np.ndarray]:
+        with torch.inference_mode():
+            out = interventions.readout(network, interventions.run_blocks(network, torch.from_numpy(tokens)))
+        cat_alone = any(c.shape == tokens.shape and np.array_equal(c, tokens) for c in cat_sequences)
+        return [out.numpy() * (1.0 if cat_alone else 1.01)]
+
+    def exact(tokens: np.ndarray) -> list[np.ndarray]:
+        with torch.inference_mode():
+            return [interventions.readout(network, interventions.run_blocks(network, torch.from_numpy(tokens))).numpy()]
+
+    assert runtimes.blocks_mismatch(tiny, exact) is None
+    why = runtimes.blocks_mismatch(tiny, exact_on_the_cat_only)
+    assert why is not None and why.startswith("on astronaut.jpg: the blocks' output on 17 tokens differs from PyTorch's by")

@@ -254,8 +254,10 @@ def test_attnviz_app_without_the_app_extra_prints_a_hint(installed):
 
 
 def test_what_building_the_wheel_leaves_in_the_checkout_is_ignored_by_git():
-    """``pip wheel .`` leaves build/ and attnviz.egg-info/ behind; they must not show as untracked files."""
+    """``pip wheel .`` leaves build/, attnviz.egg-info/ and the wheel itself (written into the current folder)
+    behind, ``python -m build`` dist/; none must show as an untracked file (the wheel did before)."""
     left = ["build/lib/attnviz/__init__.py", "build/bdist.linux-x86_64/wheel/attnviz/cli.py",
-            "attnviz.egg-info/PKG-INFO", "attnviz.egg-info/SOURCES.txt"]
+            "attnviz.egg-info/PKG-INFO", "attnviz.egg-info/SOURCES.txt", "attnviz-0.1.0-py3-none-any.whl",
+            "dist/attnviz-0.1.0.tar.gz"]
     found = subprocess.run(["git", "check-ignore", "--no-index", *left], cwd=ROOT, capture_output=True, text=True)
     assert found.stdout.split() == left

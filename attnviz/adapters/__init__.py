@@ -124,18 +124,25 @@ def family_of_name(name: str | None) -> Family | None:
 def not_as_defined(network: torch.nn.Module) -> str | None:
     """Why ``network`` does not compute what its classes define, in one sentence, or None when it does.
 
-    An adapter reads a layer by what its class computes; a ``torch.compile`` wrapper, or a module whose
-    ``forward`` was replaced on the instance (``attn.forward = …``), computes something else, and reading it
-    by its class would give plausible but wrong weights (a patched timm ``Attention`` read 0.14–0.17 off).
+    An adapter reads a layer by what its class computes; a ``torch.compile`` wrapper (around the network or any
+    module in it), or a module whose ``forward`` was replaced on the instance (``attn.forward = …``, also by
+    another module's own forward), computes something else, and reading it by its class would give plausible
+    but wrong weights (a patched timm ``Attention`` read 0.14–0.17 off).
     """
-    compiled = getattr(network, "_orig_mod", None)
-    if isinstance(compiled, torch.nn.Module) and type(network).__name__ == "OptimizedModule":
-        return (f"This is a torch.compile'd {type(compiled).__name__}, whose compiled graph attnviz cannot hook; pass "
-                "the model before torch.compile (model._orig_mod) instead.")
     for path, module in network.named_modules():
+        where = f"{type(network).__name__}.{path}" if path else type(network).__name__
+        compiled = getattr(module, "_orig_mod", None)
+        if isinstance(compiled, torch.nn.Module) and type(module).__name__ == "OptimizedModule":
+            if not path:
+                return (f"This is a torch.compile'd {type(compiled).__name__}, whose compiled graph attnviz cannot hook; "
+                        "pass the model before torch.compile (model._orig_mod) instead.")
+            return (f"{where} is a torch.compile'd {type(compiled).__name__}, whose compiled graph attnviz cannot hook; "
+                    f"put the module before torch.compile ({path}._orig_mod) back in its place.")
         replaced = vars(module).get("forward")
-        if replaced is not None and getattr(replaced, "__func__", None) is not type(module).forward:
-            where = f"{type(network).__name__}.{path}" if path else type(network).__name__
+        # the class's own forward bound to this very module is no change; bound to another module (even a copy of
+        # this one) it computes with that module's weights
+        if replaced is not None and not (getattr(replaced, "__func__", None) is type(module).forward
+                                         and getattr(replaced, "__self__", None) is module):
             return (f"{where} ({type(module).__name__}) has its forward replaced on the instance, so it does not "
                     f"compute what {type(module).__name__} defines and attnviz refuses it rather than show attention "
                     "weights that may be wrong; use the model without the patch.")

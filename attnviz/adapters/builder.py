@@ -82,13 +82,14 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
         raise ModelError(f"{spec} does not say which input size it was built for; pass size= (the CLI's --size).")
     cfg = timm.data.resolve_data_config({}, model=network)
     cfg["input_size"] = (3, size, size)
-    notes = ()
+    notes, note_keys = (), ()
     if getattr(network, "pretrained_cfg", None) is None:
         notes = (f"{spec} does not say how its photos are normalised, so attnviz uses ImageNet's mean and standard "
                  "deviation; if it was trained with other values, its attention here is not what it computes on its own "
                  "inputs.",)
+        note_keys = (("no_normalisation", {"name": spec}),)
     return dict(network=network, name=f"{PREFIX}{spec}", public_name=spec, provenance=f"Python builder {spec}",
-                size=size, data_config=cfg, labels=class_names(network), notes=notes)
+                size=size, data_config=cfg, labels=class_names(network), notes=notes, note_keys=note_keys)
 
 
 def parameters(spec: str, size: int | None) -> int:

@@ -464,13 +464,15 @@ def load(spec: str, size: int | None, device: torch.device) -> dict:
     labels = None
     if "Classification" in p.arch:
         labels = tuple(str(config.id2label.get(i, f"class {i}")) for i in range(config.num_labels))
-    notes = ()
+    notes, note_keys = (), ()
     if note == NO_PREPROCESSOR:  # a guess the person looking at the photo should know about
         notes = (f"{p.public_name} has no preprocessor_config.json, so attnviz normalises its photos with ImageNet's "
                  f"mean {IMAGENET_MEAN} and standard deviation {IMAGENET_STD}; if it was trained with other values, "
                  "its attention here is not what it computes on its own inputs.",)
+        note_keys = (("no_preprocessor", {"name": p.public_name, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}),)
     return dict(network=network, name=f"{PREFIX}{spec}", public_name=p.public_name,
-                provenance=f"{p.origin} ({p.arch}; {note})", size=size, data_config=cfg, labels=labels, notes=notes)
+                provenance=f"{p.origin} ({p.arch}; {note})", size=size, data_config=cfg, labels=labels, notes=notes,
+                note_keys=note_keys)
 
 
 FAMILY = register(Family("Hugging Face", adapter, recognises=is_supported, prefix=PREFIX, load=load,

@@ -195,7 +195,8 @@ class OnFirstUse:
         self._why: str | None = None
 
     def start(self) -> Callable[[np.ndarray], list[np.ndarray]] | None:
-        """The graph's function where it equals PyTorch on the probe, else None (with one line in the log, once)."""
+        """The graph's function where it equals PyTorch on the certification set (:func:`probes`), else None (with
+        one line in the log, once)."""
         with self._lock:
             if self._run is None and self._why is None:
                 check = blocks_mismatch if self.kind == "blocks" else rows_mismatch
@@ -246,22 +247,21 @@ def blocks_output(run: Callable[[np.ndarray], list[np.ndarray]], tokens: torch.T
 
 @torch.inference_mode()
 def blocks_mismatch(model: Model, run: Callable[[np.ndarray], list[np.ndarray]]) -> str | None:
-    """Why the blocks-and-head graph's function ``run`` is not PyTorch's blocks and head on the probe, or None
-    when it is: the whole sequence, and a batch of two sequences that keep the prefix and every other patch
-    (another length)."""
+    """Why the blocks-and-head graph's function ``run`` is not PyTorch's blocks and head on the certification set
+    (:func:`probes`), naming the input, or None when it is: on each, the whole sequence and a batch of two
+    sequences that keep the prefix and every other patch (another length)."""
     from .. import interventions
 
     network, prefix = model.network, model.num_prefix_tokens
-    tokens = interventions.embed(network, probe(model))  # (1, N, D)
-    patches = tokens.shape[1] - prefix
-    half = patches // 2
-    kept = torch.stack([torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2)])  # (2, half): even, odd patches
-    for t in (tokens, interventions.keep_tokens(tokens.expand(2, -1, -1), prefix, kept)):
-        reference = interventions.readout(network, interventions.run_blocks(network, t))
-        got = blocks_output(run, t)
-        why = differs(f"the blocks' output on {t.shape[1]} tokens differs", reference, got)
-        if why is not None:
-            return why
+    for name, x in probes(model).items():  # the capture's certification set, not one easy photo
+        tokens = interventions.embed(network, x)  # (1, N, D)
+        half = (tokens.shape[1] - prefix) // 2
+        kept = torch.stack([torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2)])  # (2, half): even, odd
+        for t in (tokens, interventions.keep_tokens(tokens.expand(2, -1, -1), prefix, kept)):
+            reference = interventions.readout(network, interventions.run_blocks(network, t))
+            why = differs(f"on {name}: the blocks' output on {t.shape[1]} tokens differs", reference, blocks_output(run, t))
+            if why is not None:
+                return why
     return None
 
 

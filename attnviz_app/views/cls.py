@@ -136,8 +136,6 @@ def facts(ctx: Context) -> None:
                      if lay.num_windows > 1 else t("view.place_global")), ms=cap.seconds * 1000,
             device=device_label(model.device), engine=engine(model),
         ))
-    for note in model.notes:  # how its input was guessed where its files did not say (a builder, an HF folder)
-        st.info(note)
     top = model.top_classes(cap.output)
     if not top:
         st.info(t("facts.no_classes"))
