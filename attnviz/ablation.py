@@ -100,8 +100,8 @@ def switch_refusal(model: Model) -> str | None:
     zeroes a head's slice there)."""
     if interventions.refusal(model) is None or len(model.tap.switched) == model.depth:
         return None
-    return (f"{model.public_name} ({model.adapter.family}) does not join its heads' outputs in one linear output "
-            "projection at every layer, so attnviz cannot switch one head off there.")
+    return (f"{model.public_name} ({model.adapter.family}) does not pass each head's output into one projection, side "
+            "by side with the other heads' and nowhere else, at every layer, so attnviz cannot switch one head off there.")
 
 
 def _spearman_finite(a: np.ndarray, b: np.ndarray) -> float:

@@ -207,14 +207,56 @@ def test_heads_switched_off_on_one_thread_leave_another_threads_pass_alone():
     assert torch.equal(seen["other"], plain) and not torch.allclose(seen["mine"], plain)
 
 
-def test_a_family_whose_heads_meet_in_no_linear_projection_is_refused_in_one_sentence():
+def _first(module, kind):
+    return next(m for m in module.modules() if isinstance(m, kind))
+
+
+@pytest.mark.parametrize("name, size, conv", [("levit_128s", 112, False), ("levit_conv_128s", 112, True),
+                                              ("visformer_tiny", 64, True)])
+def test_heads_meeting_behind_an_activation_or_in_a_conv_are_switched_off_there(name, size, conv):
+    """LeViT's heads enter Hardswish, then a Linear (or, as convolutions, a 1 × 1 conv) with batch norm; Visformer's a
+    1 × 1 conv. Each head off must equal an independent copy whose projection weight has that head's input columns
+    set to zero (Hardswish(0) = 0): the same network with the head's output removed."""
     import timm
 
-    network = timm.create_model("levit_128s", pretrained=False, num_classes=3, img_size=112).eval()  # proj: act + conv
-    model = attnviz.wrap(network, "levit", "random init", 112)
-    cap = attnviz.capture_tensor(model, torch.randn(1, 3, 112, 112))
-    with pytest.raises(FaithfulnessError, match=r"^levit \(timm LeViT\) does not join its heads' outputs in one linear output "
-                                                 r"projection at every layer, so attnviz cannot switch one head off there\.$"):
+    torch.manual_seed(0)
+    network = timm.create_model(name, pretrained=False, num_classes=3, img_size=size).eval()
+    with torch.no_grad():  # timm starts each projection's batch norm at zero and the classifiers near it: no head mattered
+        for module in network.modules():
+            if isinstance(module, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+                module.weight.normal_(1.0, 0.5)
+        for module in (network.head, getattr(network, "head_dist", network.head)):
+            module.linear.weight.normal_(0, 1.0) if hasattr(module, "linear") else module.weight.normal_(0, 1.0)
+    model = attnviz.wrap(network, name, "random init", size)
+    cap = attnviz.capture_tensor(model, torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1)))
+    assert ablation.switch_refusal(model) is None and len(model.tap.switched) == model.depth
+    layers = sorted({0, model.depth // 2, model.depth - 1})
+    with torch.no_grad():
+        for layer in layers:
+            heads = cap.heads(layer)
+            for head in (0, heads - 1):
+                twin = copy.deepcopy(network)
+                path = next(p for p, m in network.named_modules() if m is model.adapter.attentions[layer])
+                linear = _first(twin.get_submodule(path).proj, torch.nn.Conv2d if conv else torch.nn.Linear)
+                d = linear.weight.shape[1] // heads
+                linear.weight[:, head * d:(head + 1) * d] = 0.0
+                expected = twin(cap.input)[0]
+                ablated = ablation.ablated_capture(model, cap, [(layer, head)]).output
+                change = (expected - cap.output).abs().max()  # what switching the head off did
+                assert change > 1e-2 * cap.output.abs().max()  # it mattered
+                assert (ablated - expected).abs().max() < 1e-3 * change, (layer, head)
+
+
+def test_a_family_whose_heads_meet_in_no_projection_of_their_own_is_refused_in_one_sentence():
+    import timm
+
+    # SHViT: one head on part of the channels, the rest passed by; its projection's input is not the heads' outputs
+    network = timm.create_model("shvit_s1", pretrained=False, num_classes=3).eval()
+    model = attnviz.wrap(network, "shvit", "random init", 224)
+    cap = attnviz.capture_tensor(model, torch.randn(1, 3, 224, 224))
+    with pytest.raises(FaithfulnessError, match=r"^shvit \(timm SHViT\) does not pass each head's output into one "
+                                                 r"projection, side by side with the other heads' and nowhere else, at every "
+                                                 r"layer, so attnviz cannot switch one head off there\.$"):
         ablation.head_ablation(model, cap)
 
 

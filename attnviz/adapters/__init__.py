@@ -202,8 +202,8 @@ def tap_of(network: torch.nn.Module, adapter: Adapter) -> Tap:
             continue
         tap.after(adapter.blocks[layer], layer, Recorder.put_tokens, adapter.tokens_reader(layer))
         heads = adapter.layouts[layer].num_heads if adapter.layouts is not None else adapter.num_heads
-        projection = getattr(adapter.attentions[layer], "proj", None)  # the heads' outputs side by side go in
-        if isinstance(projection, torch.nn.Linear) and projection.in_features % heads == 0:
-            tap.switch(projection, layer, heads)
+        meet = adapter.heads_meet(layer)
+        if meet is not None:
+            tap.switch(*meet, layer, heads)
     network._attnviz_tap = tap  # travels with the network: deepcopy and pickle copy it with the hooks
     return tap

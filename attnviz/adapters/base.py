@@ -62,6 +62,16 @@ class Adapter:
         ``tap.before`` with ``Recorder.put_query`` / ``put_key`` / ``put_extra``)."""
         raise NotImplementedError
 
+    def heads_meet(self, layer: int) -> tuple[torch.nn.Module, int] | None:
+        """Where layer ``layer``'s heads' outputs meet side by side (head h: channels h·d … (h + 1)·d − 1), as
+        (the module they enter, the channel axis of its input), or None where they meet nowhere so simply; there
+        a head is switched off (:meth:`attnviz.adapters.Tap.heads_off`). By default the attention's ``proj``, a Linear."""
+        projection = getattr(self.attentions[layer], "proj", None)
+        heads = self.layouts[layer].num_heads if self.layouts is not None else self.num_heads
+        if isinstance(projection, torch.nn.Linear) and projection.in_features % heads == 0:
+            return projection, -1
+        return None
+
     def finish(self, recorder: Recorder) -> None:
         """Turn what the hooks read into the exact q, k (in place). Nothing to do for most families."""
 

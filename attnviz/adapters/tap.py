@@ -96,11 +96,11 @@ class Tap:
         self.switched: dict[int, int] = {}  # layer → its head count, where heads_off can switch its heads off
         self._local = threading.local()
 
-    def switch(self, projection: torch.nn.Linear, layer: int, heads: int) -> None:
-        """Let :meth:`heads_off` switch heads of layer ``layer`` off: ``projection`` is its attention's output
-        projection, whose input is the ``heads`` heads' outputs side by side (head h: channels h·d … (h + 1)·d − 1)."""
+    def switch(self, projection: torch.nn.Module, axis: int, layer: int, heads: int) -> None:
+        """Let :meth:`heads_off` switch heads of layer ``layer`` off: ``projection`` is the module its ``heads``
+        heads' outputs enter side by side along ``axis`` of its input (head h: channels h·d … (h + 1)·d − 1)."""
         self.switched[layer] = heads
-        self.handles.append(projection.register_forward_pre_hook(partial(self._switch, layer, heads)))
+        self.handles.append(projection.register_forward_pre_hook(partial(self._switch, layer, heads, axis)))
 
     @contextmanager
     def heads_off(self, off: dict[int, Iterable[int]]) -> Iterator[None]:
@@ -152,15 +152,14 @@ class Tap:
             put(recorder, layer, read(args, kwargs))
         # returns None: the module runs on its arguments unchanged
 
-    def _switch(self, layer: int, heads: int, _module, args):
+    def _switch(self, layer: int, heads: int, axis: int, _module, args):
         off = getattr(self._local, "off", None)
         if not off or layer not in off:
             return None  # the projection runs on its input unchanged
-        x = args[0]
-        d = x.shape[-1] // heads
-        x = x.clone()
+        x = args[0].clone()
+        d = x.shape[axis] // heads
         for head in off[layer]:
-            x[..., head * d:(head + 1) * d] = 0.0
+            x.narrow(axis, head * d, d).zero_()
         return (x, *args[1:])
 
     # A copy (deepcopy, pickle) starts with no capture running on any thread.

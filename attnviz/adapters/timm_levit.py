@@ -62,6 +62,10 @@ def head_part(heads: int, start: int, width: int, conv: bool, out: torch.Tensor)
 
 
 class LevitAdapter(Adapter):
+    def heads_meet(self, layer: int) -> tuple[torch.nn.Module, int]:
+        attn = self.attentions[layer]  # proj = (Hardswish, Linear or 1 × 1 conv + BN): heads side by side go in
+        return attn.proj, 1 if attn.use_conv else -1
+
     def attach(self, layer: int, tap: Tap) -> None:
         attn = self.attentions[layer]
         heads, kd, conv = attn.num_heads, attn.key_dim, attn.use_conv

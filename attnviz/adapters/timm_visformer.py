@@ -45,6 +45,9 @@ def conv_part(attn: Attention, part: int, qkv: torch.Tensor) -> torch.Tensor:
 
 
 class VisformerAdapter(Adapter):
+    def heads_meet(self, layer: int) -> tuple[torch.nn.Module, int]:
+        return self.attentions[layer].proj, 1  # a 1 × 1 conv on (1, H · d, h, w): head-major channels
+
     def attach(self, layer: int, tap: Tap) -> None:
         attn = self.attentions[layer]
         tap.after(attn.qkv, layer, Recorder.put_query, partial(conv_part, attn, 0))
