@@ -431,7 +431,7 @@ def test_packets_that_make_no_frame_are_counted_and_cannot_outrun_the_budget(tin
                                 "so it was stopped.")
     assert error.value.key == "stalled" and leftovers(tmp_path) == ["hidden.mkv"]
     # on the same clock, a clip whose frames come out is never taken for a stall
-    clip = write_clip(tmp_path / "clip.mp4", 120, fps=30, width=32, height=32)
+    clip = write_clip(tmp_path / "steady.mp4", 120, fps=30, width=32, height=32)
     assert video.render_video(clip, tmp_path / "out.mp4", tiny, limits=video.Limits(stall_seconds=1.0)).frames_out == 120
 
 
