@@ -8,8 +8,9 @@ explored as a photo shows the same map. Around it:
   refuses a file over :class:`Limits` with one sentence, before any frame is decoded;
 - :class:`Frames` holds every decoded frame to the same limits, because a header can lie: no frame may
   be larger than the header said (the decoder itself is told so, so a stream that switches in-band to
-  8192 × 8192 is refused before such a frame is allocated), and the frames, the pixels decoded in all
-  and the wall time of the job are bounded. Only the frames used are turned into pictures;
+  8192 × 8192 is refused before such a frame is allocated), and the packets read, the frames decoded,
+  the pictures made, the pixels decoded in all and the wall time of the job are bounded. Only the frames
+  used are turned into pictures; other streams' packets are skipped by the demuxer;
 - :func:`render_video` streams: PyAV decodes frames one at a time, ``batch`` of them are turned into
   heatmaps, encoded and let go, so memory stays flat however long the video is (no whole-video
   array is ever made). Phone videos are turned upright from the display matrix each frame carries
@@ -68,17 +69,20 @@ class VideoError(AttnvizError, ValueError):
 class Limits:
     """What a video may be, and what decoding it may cost.
 
-    Checked from the header before any frame is decoded (:func:`probe`), and again on every decoded
-    frame (:class:`Frames`): a frame larger than its header said, more frames or pixels than these, or a
-    job running longer than ``work_seconds`` is refused with one sentence.
+    Checked from the header before any frame is decoded (:func:`probe`), and again on every packet read
+    and every frame decoded (:class:`Frames`): a frame larger than its header said, more packets, frames,
+    pictures or pixels than these, or a job running longer than ``work_seconds`` is refused with one sentence.
     """
 
     seconds: float = 60.0
     pixels: int = 3840 * 2160  # width × height of one frame (4K)
     bytes: int = 500 * 2**20
     frames: int = 7200  # frames decoded: 60 s at 120 fps
+    packets: int = 2 * 7200  # video packets read: two a frame at most (field-coded video), packets with no frame too
+    drawn: int = 3600  # frames turned into pictures (render_video draws each through the model): 60 s at 60 fps
     decoded_pixels: int = 1800 * 3840 * 2160  # pixels decoded in all: 60 s of 4K at 30 fps (~15 gigapixels)
     work_seconds: float = 600.0  # wall time of one render_video, decoding, drawing and encoding together
+    stall_seconds: float = 10.0  # decoding without a frame coming out (hidden frames: decoded, never shown)
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,16 @@ def _too_many_pixels_in_all(name: str, pixels: int, limits: Limits) -> VideoErro
                       limit=f"{limits.decoded_pixels / 1e9:.1f}")
 
 
+def _too_many_drawn(name: str, limits: Limits, frames: int | None = None) -> VideoError:
+    if frames is None:  # counted while decoding: the header did not say
+        return VideoError(f"{name} needs more than {limits.drawn} frames drawn; up to {limits.drawn} can be drawn, so "
+                          "ask for fewer frames per second or cut it shorter first.", "too_many_drawn_decoded",
+                          name=name, limit=limits.drawn)
+    return VideoError(f"{name} needs {frames} frames drawn; up to {limits.drawn} can be drawn, so ask for fewer frames "
+                      "per second or cut it shorter first.", "too_many_drawn", name=name, frames=frames,
+                      limit=limits.drawn)
+
+
 def upright(frame) -> Image.Image:
     """A decoded ``av.VideoFrame`` as the RGB picture a person sees: turned by its display matrix
     (``frame.rotation``, degrees counter-clockwise, as phones record it)."""
@@ -221,12 +235,16 @@ class Frames:
 
     Iterating gives ``(index, picture)`` — the upright picture — for each frame whose 0-based index
     ``wanted(index)`` accepts; every other frame is decoded (later frames are predicted from it) but never
-    turned into a picture. Every decoded frame counts, and each of these ends the iteration with one
-    sentence (a :class:`VideoError`): a frame larger than the stream's header said (the decoder is told
-    the same bound, so such a frame is never allocated), more than ``limits.frames`` frames or
-    ``limits.decoded_pixels`` pixels, frames past ``limits.seconds``, ``limits.work_seconds`` of wall
-    time since ``started`` (``time.perf_counter()``; the consumer's own work between frames counts), or
-    ``stop()`` saying True (nobody waits for the result any more). ``decoded`` counts the frames decoded.
+    turned into a picture, and the packets of every other stream (sound, data) are skipped by the demuxer
+    unread. Each of these ends the iteration with one sentence (a :class:`VideoError`): a frame larger than
+    the stream's header said (the decoder is told the same bound, so such a frame is never allocated), more
+    than ``limits.packets`` packets, ``limits.frames`` frames, ``limits.drawn`` pictures or
+    ``limits.decoded_pixels`` pixels, frames past ``limits.seconds``, ``limits.work_seconds`` of wall time
+    since ``started`` (``time.perf_counter()``; the consumer's own work between frames counts),
+    ``limits.stall_seconds`` of decoding with no frame coming out, or ``stop()`` saying True (nobody waits
+    for the result any more). Time and ``stop()`` are asked at every packet: packets that make no frame
+    (VP9's hidden frames are decoded but never shown, so no frame or pixel limit sees them) cannot run past
+    them. ``decoded`` counts the frames decoded, ``used`` the pictures made, ``packets`` the packets read.
     """
 
     def __init__(self, source: Source, name: str | None = None, limits: Limits = Limits(),
@@ -235,7 +253,8 @@ class Frames:
         self.source, self.name, self.limits = source, _name(source, name), limits
         self.wanted, self.stop = wanted, stop
         self.started = time.perf_counter() if started is None else started
-        self.decoded = 0
+        self.decoded = self.used = self.packets = 0
+        self._last_frame = self.started  # when a frame last came out (or the consumer last asked for one)
 
     def __iter__(self) -> Iterator[tuple[int, Image.Image]]:
         import av
@@ -246,6 +265,9 @@ class Frames:
                 raise VideoError(f"{name} holds no video, only {len(container.streams)} other stream(s).", "no_video",
                                  name=name)
             stream = container.streams.video[0]
+            for other in container.streams:
+                if other.index != stream.index:
+                    other.discard = av.stream.Discard.all
             ctx = stream.codec_context
             header = (int(ctx.width or 0), int(ctx.height or 0))
             allowed = min(header[0] * header[1] or limits.pixels, limits.pixels)  # pixels of one frame
@@ -259,16 +281,25 @@ class Frames:
             ctx.options = {**ctx.options, "max_pixels": str(coded)}
             stream.thread_type = "AUTO"
             pixels = 0
+            self._last_frame = time.perf_counter()
             try:
-                for frame in container.decode(stream):
-                    index = self.decoded
-                    self.decoded += 1
-                    if frame.width * frame.height > allowed:  # a decoder that ignores max_pixels
-                        raise self._size_changed(header, (frame.width, frame.height))
-                    pixels += frame.width * frame.height
-                    self._check(index, pixels, fps)
-                    if self.wanted(index):
-                        yield index, upright(frame)
+                for packet in container.demux(stream):
+                    self.packets += 1
+                    self._check_packet()
+                    for frame in packet.decode():
+                        self._last_frame = time.perf_counter()
+                        index = self.decoded
+                        self.decoded += 1
+                        if frame.width * frame.height > allowed:  # a decoder that ignores max_pixels
+                            raise self._size_changed(header, (frame.width, frame.height))
+                        pixels += frame.width * frame.height
+                        self._check_frame(index, pixels, fps)
+                        if self.wanted(index):
+                            self.used += 1
+                            if self.used > limits.drawn:
+                                raise _too_many_drawn(name, limits)
+                            yield index, upright(frame)
+                            self._last_frame = time.perf_counter()  # the consumer's work is not a stall
             except (av.error.InvalidDataError, av.error.FFmpegError) as e:
                 now = (int(ctx.width or 0), int(ctx.height or 0))
                 if now[0] * now[1] > allowed:  # the decoder read the new size, then refused to allocate it
@@ -276,7 +307,27 @@ class Frames:
                 raise VideoError(f"{name} is damaged: a frame could not be decoded ({_reason(e)}); nothing was "
                                  "written.", "damaged", name=name) from None
 
-    def _check(self, index: int, pixels: int, fps: float) -> None:
+    def _check_packet(self) -> None:
+        name, limits = self.name, self.limits
+        if self.packets > limits.packets:
+            raise VideoError(f"{name} holds more than {limits.packets} packets of video, more than its frames can "
+                             "need, so it cannot be used.", "too_many_packets", name=name, limit=limits.packets)
+        if time.perf_counter() - self._last_frame > limits.stall_seconds:
+            raise VideoError(f"{name} was decoded for {limits.stall_seconds:.0f} s without a frame to show (it may "
+                             "hold hidden frames), so it was stopped.", "stalled", name=name,
+                             limit=f"{limits.stall_seconds:.0f}")
+        self._check_time()
+
+    def _check_time(self) -> None:
+        name, limits = self.name, self.limits
+        if time.perf_counter() - self.started > limits.work_seconds:
+            raise VideoError(f"{name} took longer than {limits.work_seconds:.0f} s to draw, so it was stopped after "
+                             f"{self.decoded} frames; cut it shorter or ask for fewer frames per second.", "too_slow",
+                             name=name, limit=f"{limits.work_seconds:.0f}", frames=self.decoded)
+        if self.stop is not None and self.stop():
+            raise VideoError(f"{name} was stopped: nobody is waiting for it any more.", "stopped", name=name)
+
+    def _check_frame(self, index: int, pixels: int, fps: float) -> None:
         name, limits = self.name, self.limits
         if self.decoded > limits.frames:
             raise VideoError(f"{name} has more than {limits.frames} frames; videos of up to {limits.frames} frames can "
@@ -288,12 +339,7 @@ class Frames:
             raise VideoError(f"{name} is longer than {limits.seconds:.0f} s; videos up to {limits.seconds:.0f} s can "
                              "be used, so cut it shorter first.", "too_long_decoded", name=name,
                              limit=f"{limits.seconds:.0f}")
-        if time.perf_counter() - self.started > limits.work_seconds:
-            raise VideoError(f"{name} took longer than {limits.work_seconds:.0f} s to draw, so it was stopped after "
-                             f"{self.decoded} frames; cut it shorter or ask for fewer frames per second.", "too_slow",
-                             name=name, limit=f"{limits.work_seconds:.0f}", frames=self.decoded)
-        if self.stop is not None and self.stop():
-            raise VideoError(f"{name} was stopped: nobody is waiting for it any more.", "stopped", name=name)
+        self._check_time()  # the consumer's work since the last packet (a decoder's last frames come together)
 
     def _size_changed(self, header: tuple[int, int], now: tuple[int, int]) -> VideoError:
         return VideoError(f"{self.name} changes its frame size mid-stream from {header[0]} × {header[1]} to "
@@ -372,6 +418,8 @@ def render_video(
     fps = info.fps / every if settings.fps is None else settings.fps
     rate = Fraction(fps).limit_denominator(1001)
     expected = -(-info.frames // every) if info.frames else None
+    if expected is not None and expected > limits.drawn:
+        raise _too_many_drawn(name, limits, expected)
     live = LiveSettings(model, layer, settings.head, settings.alpha, settings.cmap, settings.smooth, settings.fit)
     side = model.size * settings.scale
     side += side % 2  # yuv420p needs even sides

@@ -19,8 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "video", help="a video with the class token's attention over every frame (MP4, H.264)",
         description="Each (sampled) frame goes through the same capture as a photo; the result is the model's "
                     "view of the frame with the chosen layer's and head's heatmap. Limits (60 s, 4K, 500 MB, 7200 "
-                    "frames) are checked from the file's header before any frame is decoded, and again on every "
-                    "decoded frame.",
+                    "frames, 3600 frames drawn) are checked from the file's header before any frame is decoded, "
+                    "and again on every packet read and every frame decoded.",
     )
     vid.add_argument("video", help="a video file (MP4, MOV, WebM, …; phone rotation is respected)")
     vid.add_argument("--out", required=True, help="the result, an .mp4 file")

@@ -14,7 +14,7 @@ import attnviz
 from attnviz import cli, render, video
 from conftest import tiny_vit
 from test_capture import reference_weights
-from video_fixtures import read_frames, write_clip, write_size_switch
+from video_fixtures import read_frames, write_clip, write_hidden_frames, write_size_switch
 
 CODEC_TOLERANCE = 4.0  # mean |decoded − drawn| per channel, 0…255: H.264 at crf 18 on these small frames
 LUT_STEP = 4  # max |drawn − expected| per pixel: a weight recomputed differently (≈1e-7) may fall one colour bin over
@@ -263,16 +263,21 @@ def test_every_refusal_reads_in_both_languages(tmp_path):
             video.probe(src, limits)
         errors.append(caught.value)
     for limits, stop in ((video.Limits(frames=10), None), (video.Limits(work_seconds=0.0), None),
-                         (video.Limits(), lambda: True)):
+                         (video.Limits(), lambda: True), (video.Limits(packets=10), None),
+                         (video.Limits(drawn=10), None), (video.Limits(stall_seconds=-1.0), None)):
         with pytest.raises(video.VideoError) as caught:
             list(video.Frames(src, limits=limits, stop=stop))  # held while decoding, whatever the header says
         errors.append(caught.value)
     with pytest.raises(video.VideoError) as caught:
         list(video.Frames(write_size_switch(tmp_path / "switch.mp4"), limits=video.Limits()))
     errors.append(caught.value)
+    with pytest.raises(video.VideoError) as caught:
+        video.render_video(src, tmp_path / "out.mp4", tiny_vit(), limits=video.Limits(drawn=10))
+    errors.append(caught.value)
     assert [e.key for e in errors] == ["too_long", "too_many_pixels", "too_large", "not_video", "too_many_frames",
                                        "too_many_pixels_in_all", "too_many_frames_decoded", "too_slow", "stopped",
-                                       "size_changed"]
+                                       "too_many_packets", "too_many_drawn_decoded", "stalled", "size_changed",
+                                       "too_many_drawn"]
     for error in errors:
         for lang in i18n.LANGUAGES:
             sentence = i18n.text(lang, f"video.error_{error.key}", **error.values)
@@ -347,6 +352,89 @@ def test_a_job_over_its_wall_budget_or_nobody_waits_for_stops_and_leaves_nothing
     assert leftovers(tmp_path) == ["clip.mp4"]
 
 
+
+def test_tiny_frames_at_a_high_rate_in_a_header_without_a_count_are_counted_while_decoding(tiny, tmp_path,
+                                                                                           monkeypatch):
+    """The same hostile rate in a file whose header says neither length nor frame count (streamed Matroska):
+    the job ends at the frame limit, and only the sampled frames before it became pictures."""
+    src = write_clip(tmp_path / "fast.mkv", 400, fps=1000, width=16, height=16, streamed=True)
+    info = video.probe(src)
+    assert (info.frames, info.seconds, info.fps) == (None, None, 1000.0)
+    converted = []
+    real = video.upright
+    monkeypatch.setattr(video, "upright", lambda frame: converted.append(1) or real(frame))
+    with pytest.raises(video.VideoError) as error:
+        video.render_video(src, tmp_path / "out.mp4", tiny, limits=video.Limits(frames=300))
+    assert error.value.key == "too_many_frames_decoded"
+    assert len(converted) == 10  # every 33rd of frames 0 … 299 (1000 fps → 30 fps)
+    assert leftovers(tmp_path) == ["fast.mkv"]
+
+
+def test_the_frames_drawn_are_bounded_from_the_header_and_while_decoding(tiny, tmp_path, monkeypatch):
+    """Every drawn frame is a pass of the model: their number is a limit of its own (the frames decoded
+    bound it only loosely: 7200 of them at a requested 240 fps would all be drawn)."""
+    src = write_clip(tmp_path / "fast.mp4", 240, fps=240, width=16, height=16)
+    with monkeypatch.context() as m:
+        m.setattr(video.Frames, "__iter__", lambda self: (_ for _ in ()).throw(AssertionError("decoded")))
+        with pytest.raises(video.VideoError) as error:
+            video.render_video(src, tmp_path / "out.mp4", tiny, video.VideoSettings(fps=240),
+                               limits=video.Limits(drawn=100))
+    assert str(error.value) == ("fast.mp4 needs 240 frames drawn; up to 100 can be drawn, so ask for fewer frames "
+                                "per second or cut it shorter first.")
+    assert error.value.key == "too_many_drawn" and leftovers(tmp_path) == ["fast.mp4"]
+    assert video.render_video(src, tmp_path / "out.mp4", tiny, limits=video.Limits(drawn=30)).frames_out == 30
+    streamed = write_clip(tmp_path / "fast.mkv", 240, fps=240, width=16, height=16, streamed=True)
+    converted = []
+    real = video.upright
+    monkeypatch.setattr(video, "upright", lambda frame: converted.append(1) or real(frame))
+    frames = video.Frames(streamed, limits=video.Limits(drawn=100))
+    with pytest.raises(video.VideoError) as error:
+        list(frames)
+    assert error.value.key == "too_many_drawn_decoded" and str(error.value).startswith(
+        "fast.mkv needs more than 100 frames drawn; up to 100 can be drawn")
+    assert (frames.used, len(converted)) == (101, 100)  # refused before the 101st became a picture
+
+
+class Clock:
+    """``time`` for :mod:`attnviz.video` whose clock moves 10 ms each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+def test_packets_that_make_no_frame_are_counted_and_cannot_outrun_the_budget(tiny, tmp_path, monkeypatch):
+    """Hidden VP9 frames are decoded but never shown: no frame comes out, so no frame or pixel limit sees
+    them. Before, nothing was asked between frames: a 50 MB upload of hidden 4K keyframes decoded for
+    190 s with no check, and a closed tab did not stop it."""
+    src = write_hidden_frames(tmp_path / "hidden.mkv", packets=300)
+    info = video.probe(src)
+    assert (info.codec, info.frames, info.seconds) == ("vp9", None, None)  # the header passes every limit
+    asked = []
+    frames = video.Frames(src, stop=lambda: asked.append(1) or len(asked) > 20)
+    with pytest.raises(video.VideoError) as error:
+        list(frames)
+    assert error.value.key == "stopped" and (frames.packets, frames.decoded) == (20, 1)  # each packet, and its frame
+    frames = video.Frames(src, limits=video.Limits(packets=100))
+    with pytest.raises(video.VideoError) as error:
+        list(frames)
+    assert str(error.value) == ("hidden.mkv holds more than 100 packets of video, more than its frames can need, "
+                                "so it cannot be used.")
+    assert error.value.key == "too_many_packets" and frames.packets == 101
+    monkeypatch.setattr(video, "time", Clock())
+    with pytest.raises(video.VideoError) as error:
+        video.render_video(src, tmp_path / "out.mp4", tiny, limits=video.Limits(stall_seconds=1.0))
+    assert str(error.value) == ("hidden.mkv was decoded for 1 s without a frame to show (it may hold hidden frames), "
+                                "so it was stopped.")
+    assert error.value.key == "stalled" and leftovers(tmp_path) == ["hidden.mkv"]
+    # on the same clock, a clip whose frames come out is never taken for a stall
+    clip = write_clip(tmp_path / "steady.mp4", 120, fps=30, width=32, height=32)
+    assert video.render_video(clip, tmp_path / "out.mp4", tiny, limits=video.Limits(stall_seconds=1.0)).frames_out == 120
+
+
 def test_a_video_in_memory_is_read_and_written_without_a_file(tiny, tmp_path):
     import io
 
@@ -369,6 +457,8 @@ def test_docs_robustness_states_the_limits_the_code_enforces():
     for row in (f"| video file | {limits.bytes // 2**20} MB |", f"| video length | {limits.seconds:.0f} s,",
                 f"| video frames decoded | {limits.frames} (60 s at 120 fps)",
                 f"| video pixels decoded in all | {limits.decoded_pixels / 1e9:.0f} gigapixels",
-                f"| video job wall time | {limits.work_seconds:.0f} s,", "| video frame size | 3840 × 2160 (4K)"):
+                f"| video job wall time | {limits.work_seconds:.0f} s,", "| video frame size | 3840 × 2160 (4K)",
+                f"| video packets read | {limits.packets} (two a frame)", f"| video frames drawn | {limits.drawn} (60 s at 60 fps;",
+                f"| video decoding without a frame | {limits.stall_seconds:.0f} s"):
         assert row in text, row
     assert limits.pixels == 3840 * 2160

@@ -3,6 +3,8 @@ see it processed with a progress bar, play it, scrub, freeze a frame into the or
 the MP4; download the class-token map as SVG. In English and in 繁體中文; screenshots at three sizes."""
 from __future__ import annotations
 
+import os
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -92,3 +94,47 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         groups = [g for g in root.iter("{http://www.w3.org/2000/svg}g") if (g.get("id") or "").startswith("heatmap-")]
         assert len(groups) == 1 and len(list(groups[0].iter("{http://www.w3.org/2000/svg}path"))) == 14 * 14
         page.screenshot(path=SHOTS / f"video_frozen_{lang}.png", full_page=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system time the process has used so far (Linux's /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy(pid: int, seconds: float = 3.0) -> float:
+    """CPU seconds the process used over the next ``seconds`` of wall time."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return cpu_seconds(pid) - before
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads the server's CPU time from /proc")
+def test_closing_the_tab_stops_its_video_job(tmp_path):
+    """A video job nobody waits for any more stops (Streamlit's runtime says the tab's session is gone, and
+    the job asks at every packet): the server goes idle within seconds of the tab closing, and the next
+    visitor on a one-job server gets their video without waiting the long one out. Before, such a job ran
+    on for minutes after its visitor had left."""
+    require_chromium()
+    long = write_clip(tmp_path / "long.mp4", 1800, fps=30, width=64, height=48)  # 60 s: 1800 passes of the model
+    short = write_clip(tmp_path / "short.mp4", 4, fps=4, width=64, height=48)
+    with streamlit_server(env={"ATTNVIZ_HEAVY_JOBS": "1"}) as (url, proc), chromium() as browser:
+        first = open_page(browser, "desktop")
+        first.goto(url)
+        pick_source(first, "Video")
+        first.locator("input[type=file]").set_input_files(str(long))
+        first.get_by_text("Drawing the heatmap on every frame:", exact=False).wait_for(timeout=300_000)
+        running = busy(proc.pid)
+        first.context.close()
+        time.sleep(2)  # the server sees the socket close; the job ends at its next packet
+        after = busy(proc.pid)
+        print(f"server CPU over 3 s: {running:.2f} s while the job ran, {after:.2f} s after its tab closed")
+        assert running > 1.0  # the job runs: model passes on a core or more
+        assert after < 0.5  # idle: the job stopped, not drawing the rest of its 1800 frames
+        second = open_page(browser, "desktop")
+        second.goto(url)
+        pick_source(second, "Video")
+        second.locator("input[type=file]").set_input_files(str(short))
+        second.get_by_text("every frame of short.mp4", exact=False).wait_for(timeout=120_000)
+        assert second.locator("[data-testid='stException']").count() == 0

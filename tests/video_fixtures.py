@@ -1,6 +1,7 @@
 """Generated clips for the video tests: moving shapes, written with PyAV (nothing downloaded)."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +21,29 @@ def shapes(i: int, width: int, height: int) -> np.ndarray:
     return frame
 
 
+class _Pipe(io.RawIOBase):
+    """A place to write that cannot seek back: a muxer writes no length or index into the header (as a
+    browser's MediaRecorder writes its WebM)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.data += b
+        return len(b)
+
+
 def write_clip(path: Path, frames: int, fps: int = 30, width: int = 160, height: int = 120, rotation: int = 0,
-               codec: str = "libx264", container: str | None = None) -> Path:
-    """A clip of ``frames`` moving-shape frames; ``rotation`` (degrees counter-clockwise) goes into the display matrix."""
+               codec: str = "libx264", container: str | None = None, streamed: bool = False) -> Path:
+    """A clip of ``frames`` moving-shape frames; ``rotation`` (degrees counter-clockwise) goes into the display
+    matrix. ``streamed``: written as to a pipe, a Matroska file whose header says neither length nor frame count."""
     import av
 
-    with av.open(str(path), "w", format=container) as out:
+    pipe = _Pipe() if streamed else None
+    with av.open(pipe or str(path), "w", format=container or ("matroska" if streamed else None)) as out:
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height = width, height
         stream.pix_fmt = "rgb24" if codec == "libx264rgb" else "yuv420p"  # yuv420p needs even sides
@@ -38,6 +56,8 @@ def write_clip(path: Path, frames: int, fps: int = 30, width: int = 160, height:
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)
+    if pipe is not None:
+        path.write_bytes(bytes(pipe.data))
     return path
 
 
@@ -85,4 +105,40 @@ def write_size_switch(path: Path, first: tuple[int, int] = (64, 48), then: tuple
             packet.pts = packet.dts = i
             packet.duration = 1
             out.mux(packet)
+    return path
+
+
+
+def _superframe(frames: list[bytes]) -> bytes:
+    """VP9's superframe syntax: the frames, then an index (a marker byte, each size in 4 bytes, the marker)."""
+    marker = bytes([0b11000000 | (4 - 1) << 3 | (len(frames) - 1)])
+    return b"".join(frames) + marker + b"".join(len(f).to_bytes(4, "little") for f in frames) + marker
+
+
+def write_hidden_frames(path: Path, packets: int = 300, width: int = 64, height: int = 48) -> Path:
+    """A hostile Matroska file (its header says neither length nor frame count): one VP9 keyframe shown, then
+    ``packets`` packets each holding 8 copies of it marked hidden (``show_frame`` 0). The decoder decodes every
+    copy and gives no frame for any, so no frame or pixel count sees them: a 50 MB upload of hidden 4K
+    keyframes (~3 kB each) kept a decoder busy for minutes."""
+    import av
+
+    pipe = _Pipe()
+    with av.open(pipe, "w", format="matroska") as out:
+        stream = out.add_stream("libvpx-vp9", rate=30)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}
+        first = [*stream.encode(av.VideoFrame.from_ndarray(shapes(0, width, height), format="rgb24")),
+                 *stream.encode()]
+        key = bytes(first[0])
+        assert len(first) == 1 and key[0] == 0b10000010  # frame marker, profile 0, a keyframe, show_frame 1
+        out.mux(first[0])
+        hidden = _superframe([bytes([key[0] & ~0b10]) + key[1:]] * 8)
+        step = first[0].duration or 1
+        for i in range(1, packets + 1):
+            packet = av.Packet(hidden)
+            packet.stream, packet.time_base = stream, first[0].time_base
+            packet.pts = packet.dts = i * step
+            packet.duration = step
+            out.mux(packet)
+    path.write_bytes(bytes(pipe.data))
     return path
