@@ -67,9 +67,13 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
         assert playing["d"] == pytest.approx(1.0, abs=0.1)
         # scrub: the still under the scrubber becomes frame 7 of 12
         slider = page.get_by_role("slider", name=words["frame"])
-        slider.focus()
-        for _ in range(6):
-            page.keyboard.press("ArrowRight")
+        for _ in range(40):  # a key pressed while a rerun redraws the slider can be lost: press until it says 7
+            now = int(slider.input_value())  # an <input type=range>
+            if now == 7:
+                break
+            slider.focus()
+            page.keyboard.press("ArrowRight" if now < 7 else "ArrowLeft")
+            page.wait_for_timeout(150)
         page.get_by_text("7 / 12" if lang == "zh-TW" else "Frame 7 of 12", exact=False).wait_for(timeout=60_000)
         mp4 = tmp_path / "result.mp4"
         download(page, page.get_by_text(words["download"])).save_as(mp4)
