@@ -29,25 +29,29 @@ run: setup
 	ATTNVIZ_CHECKPOINTS="$(CHECKPOINTS)" ATTNVIZ_ALLOW_DOWNLOADS="$(DOWNLOADS)" ATTNVIZ_MAX_PARAMS="$(MAX_PARAMS)" \
 	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/attnviz app  # warms the model, then serves the page
 
-# Two passes: the tests that are independent on two pytest-xdist workers (a file's tests on one worker, sharing its
-# module's fixtures), then alone the ones that must not share the cores: a wall-clock bound, a measurement of the
-# machine or of its threads (marked serial), and the browser and wheel tests (a server, Chromium or pip each).
-# Both passes always run; the exit status is the first failure's (5, "no tests", only if neither found one).
+# Three passes, each over the tests its marker expression selects (an empty one is skipped): the independent tests
+# on two pytest-xdist workers (a file's tests on one worker, sharing its module's fixtures); the browser and wheel
+# tests on two workers too (each file starts its own server, on a free port, and its own Chromium); then alone the
+# ones that must not share the cores: a wall-clock bound, a measurement of the machine or of its threads (serial).
+# Every pass always runs; the exit status is the first failure's (5, "no tests", only if none found one).
 WORKERS ?= 2
-define two_passes
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile -m "$(1)" $(3) $(PYTEST_ARGS); a=$$?; \
-	$(BIN)/python -m pytest -m "$(2)" $(3) $(PYTEST_ARGS); b=$$?; \
-	for s in $$a $$b; do [ $$s -eq 0 ] || [ $$s -eq 5 ] || exit $$s; done; [ $$a -eq 0 ] || [ $$b -eq 0 ] || exit 5
+define passes
+	s=""; \
+	for pass in "$(1)" "$(2)"; do [ -z "$$pass" ] && continue; \
+	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile -m "$$pass" $(PYTEST_ARGS); s="$$s $$?"; done; \
+	$(BIN)/python -m pytest -m "$(3)" $(PYTEST_ARGS); s="$$s $$?"; \
+	for c in $$s; do [ $$c -eq 0 ] || [ $$c -eq 5 ] || exit $$c; done; \
+	for c in $$s; do [ $$c -eq 0 ] && exit 0; done; exit 5
 endef
 
 # Everything (what .ci/run calls).
 test: setup
-	$(call two_passes,not serial and not browser,serial or browser,)
+	$(call passes,not serial and not browser,browser and not serial,serial)
 
 # What you run while you work: the unit and AppTest tests of every file but the heavy ones (tests/conftest.py:
 # HEAVY_FILES), without Chromium and the wheel (docs/tests.md).
 test-fast: setup
-	$(call two_passes,not serial and not browser and not heavy,serial and not browser and not heavy,)
+	$(call passes,not serial and not browser and not heavy,,serial and not browser and not heavy)
 
 # On a machine with a CUDA GPU: everything attnviz computes, on the GPU against the CPU (docs/tests.md#the-gpu).
 test-gpu: setup

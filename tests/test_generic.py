@@ -192,13 +192,14 @@ def test_interception_is_per_thread_while_another_thread_runs_the_same_network()
     network = sdpa_vit()
     model = attnviz.wrap(network, "hand", "random", 32)
     x = torch.randn(1, 3, 32, 32)
-    with torch.inference_mode():
-        plain = network(x)
     others: list = []
 
     def run_elsewhere():  # mid-capture, on another thread: must neither be read nor disturb the capture
         with torch.inference_mode():
             others.append(network(x))
+
+    with torch.inference_mode():
+        plain = network(x)
 
     def between_layers():
         if not others:
@@ -211,7 +212,9 @@ def test_interception_is_per_thread_while_another_thread_runs_the_same_network()
     with torch.inference_mode():
         network(x)
     check(cap, network.references())
-    assert len(others) == 1 and torch.equal(others[0], plain)
+    # the other thread's pass ran once, unread (the capture above holds this thread's calls only) and undisturbed: its
+    # output is the plain pass's (to float32's last bits: on a loaded host xdist saw one differ by ~1e-7, a matmul split)
+    assert len(others) == 1 and torch.allclose(others[0], plain, rtol=0, atol=1e-6)
 
 
 # ---- torchvision ---------------------------------------------------------------------------------------
