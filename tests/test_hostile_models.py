@@ -523,6 +523,42 @@ def test_an_attention_forward_replaced_on_the_instance_is_refused_in_one_sentenc
     assert attnviz.wrap(network, "restored", "test", 32).depth == 2
 
 
+def _eager_weights(network, x) -> list[torch.Tensor]:
+    """Each layer's (H, N, N) softmax as timm's eager path computes it, read where it enters attn_drop (hooks included)."""
+    import copy
+
+    eager, weights = copy.deepcopy(network), []
+    for block in eager.blocks:
+        block.attn.fused_attn = False
+        block.attn.attn_drop.register_forward_hook(lambda _m, inputs, _out: weights.append(inputs[0][0]))
+    with torch.no_grad():
+        eager(x)
+    return weights
+
+
+@pytest.mark.parametrize("when", ["after wrapping", "before wrapping"])
+def test_a_hook_that_changes_a_module_attnviz_reads_is_read_as_the_network_uses_it(when):
+    """A forward hook on q_norm that doubles q, added after attnviz's own, ran after attnviz had read q: the network
+    computed with 2q and the capture was 2.7e-3 off, silently. attnviz's hooks now run last: exact either way; an
+    observing hook still sees its values."""
+    torch.manual_seed(0)
+    network = timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2,
+                                                               num_heads=4, num_classes=10).eval()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    seen = []
+    double = lambda _m, _args, out: 2 * out  # noqa: E731
+    if when == "before wrapping":
+        network.blocks[1].attn.q_norm.register_forward_hook(double)
+    model = attnviz.wrap(network, "hooked", "test", 32)
+    if when == "after wrapping":
+        network.blocks[1].attn.q_norm.register_forward_hook(double)
+    network.blocks[1].attn.k_norm.register_forward_hook(lambda _m, _args, out: seen.append(out.clone()))
+    cap = attnviz.capture_tensor(model, x)
+    assert len(seen) == 1 and seen[0].shape == (1, 4, 17, 8)  # the observer saw this pass's k: (B, H, N, d_k)
+    expected = _eager_weights(network, x)  # (its copy of the observer runs too)
+    assert len(expected) == 2 and all(torch.allclose(cap.layer_weights(i), w, atol=1e-6) for i, w in enumerate(expected))
+
+
 def test_a_torch_compiled_model_is_one_sentence():
     network = tiny_vit().network
     with pytest.raises(ModelError) as error:

@@ -107,6 +107,7 @@ class Tap:
         """Inside the block, this thread's forward passes run with the heads ``off`` ({layer: heads}, 0-based)
         switched off: their slice of the attention output is zero before the output projection (Michel et al.
         2019). Other threads' passes are unchanged."""
+        self.read_last()  # the switch zeroes what the projection really receives
         self._local.off = {layer: tuple(heads) for layer, heads in off.items()}
         try:
             yield
@@ -130,11 +131,26 @@ class Tap:
     @contextmanager
     def recording(self, recorder: Recorder) -> Iterator[None]:
         """Inside the block, this thread's forward passes of the network write into ``recorder``."""
+        self.read_last()
         self._local.recorder = recorder
         try:
             yield
         finally:
             self._local.recorder = None
+
+    def read_last(self) -> None:
+        """Run attnviz's hooks after any hook added since to the same module, so that they read what the network
+        computes with: a hook that changes a module's output (or its input, for a pre-hook) and ran after attnviz's
+        would make the network use values attnviz did not read (a hook doubling q_norm's output: 2.7e-3 off). PyTorch
+        calls a module's hooks in the order of its (ordered) dict; an observing hook sees the same values either way."""
+        ours = {handle.id for handle in self.handles}
+        for handle in self.handles:
+            hooks = handle.hooks_dict_ref()
+            if hooks is None or len(hooks) < 2 or handle.id not in hooks:
+                continue
+            keys = list(hooks)
+            if any(key not in ours for key in keys[keys.index(handle.id) + 1:]):
+                hooks.move_to_end(handle.id)
 
     def remove(self) -> None:
         for handle in self.handles:
