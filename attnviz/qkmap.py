@@ -26,6 +26,7 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
+from . import i18n
 from .capture import Capture
 from .errors import LayoutError
 
@@ -268,17 +269,33 @@ def mappable(cap: Capture, layer: int) -> bool:
     return cap.layout(layer).is_global and cap.plain_softmax(layer)
 
 
+def obstacle(cap: Capture, layer: int) -> tuple[str, dict]:
+    """What keeps layer ``layer`` from being one set of points that attend to each other, as the key of its words in
+    the catalogue (``qkmap.how_<key>``) and their values: windows, keys on another grid than the queries (pooled
+    keys, sub-sampled queries), only some tokens as queries (class attention), keys that are other tokens, or a
+    softmax mixed across heads or blended with fixed weights."""
+    lay = cap.layout(layer)
+    if lay.num_windows > 1:
+        return "windows", dict(n=lay.num_windows, wh=lay.window[0], ww=lay.window[1])
+    if lay.keys_grid != lay.grid:
+        return "other_grid", dict(h=lay.keys_grid[0], w=lay.keys_grid[1], qh=lay.grid[0], qw=lay.grid[1])
+    if lay.windows.shape[1] < lay.num_tokens:
+        alone = lay.windows.shape[1] == 1 and lay.class_token
+        return "class_asks" if alone else "some_queries", dict(n=lay.windows.shape[1], total=lay.num_tokens)
+    if lay.key_windows is not None:
+        return "other_keys", {}
+    return "mixed", {}
+
+
 def _window(cap: Capture, layer: int, head: int):
     _check_head(cap, layer, head)
-    lay = cap.layout(layer)
-    if not lay.is_global:
-        how = (f"inside {lay.num_windows} windows of {lay.windows.shape[1]} tokens" if lay.num_windows > 1
-               else "over keys pooled onto another grid" if lay.keys_grid != lay.grid or lay.key_windows is not None
-               else "with only some of its tokens as queries")
+    if not cap.layout(layer).is_global:
+        key, values = obstacle(cap, layer)
         maps = [str(layer + 1) for layer in range(cap.num_layers) if mappable(cap, layer)]
         where = f" (this model's layers {', '.join(maps[:4])}{', …' if len(maps) > 4 else ''} have)" if maps else ""
-        raise LayoutError(f"layer {layer + 1} attends {how}, so its queries and keys are not one set of points that "
-                          f"attend to each other; the Q/K map needs a layer with global attention{where}")
+        raise LayoutError(f"layer {layer + 1} {i18n.text('en', f'qkmap.how_{key}', **values)}, so its queries and keys "
+                          f"are not one set of points that attend to each other; the Q/K map needs a layer with global "
+                          f"attention{where}")
     return cap.window(layer, 0)
 
 

@@ -2,6 +2,8 @@
 q and k by a plain loop over the timm blocks, softmax rows before and after AttentionViz's normalisation."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import timm
@@ -265,3 +267,26 @@ def test_a_map_drawn_on_a_canvas_puts_the_photo_under_it():
     for qk, layout, renderer in ((many, "vconcat", "canvas"), (few, "hconcat", "svg")):
         spec = scatter(qk, qk.row.astype(float), picture, 0, "row", narrow=False).to_dict()
         assert layout in spec and spec["usermeta"]["embedOptions"]["renderer"] == renderer
+
+
+@pytest.mark.parametrize("name, size, layer, said", [
+    ("cait_xxs24_224", 64, -1, "has only its class token as a query (class attention: 1 of its 17 tokens asks)"),
+    ("pvt_v2_b0", None, 0, "attends over keys on a 2 × 2 grid while its queries lie on a 16 × 16 grid"),
+])
+def test_a_layer_that_is_not_one_set_of_points_is_described_as_it_is(name, size, layer, said):
+    """CaiT's class-attention layer was said to attend "over keys pooled onto another grid": its keys are every
+    token; only the class token asks. The library's sentence and the page's words come from one qkmap.obstacle."""
+    import timm
+
+    from attnviz import i18n
+
+    torch.manual_seed(0)
+    network = timm.create_model(name, pretrained=False, num_classes=3, **({"img_size": size} if size else {})).eval()
+    size = size or 64  # PVT v2 takes any size
+    model = attnviz.wrap(network, name, "random init", size)
+    cap = attnviz.capture_tensor(model, torch.randn(1, 3, size, size))
+    layer = layer % cap.num_layers
+    key, values = qkmap.obstacle(cap, layer)
+    assert i18n.text("en", f"qkmap.how_{key}", **values) == said
+    with pytest.raises(attnviz.LayoutError, match=f"^layer {layer + 1} {re.escape(said)}, so its queries and keys"):
+        qkmap.qk_map(cap, layer, 0)

@@ -645,7 +645,7 @@ def test_every_command_runs_on_a_swin_or_says_one_line(swin_folder, tmp_path, mo
     run = _command(swin_folder, "qk", photo, "--layer", "2", "--head", "1", "--json", str(tmp_path / "qk2.json"))
     assert run.returncode == 2 and "Traceback" not in run.stderr and not (tmp_path / "qk2.json").exists()
     assert run.stderr.strip().splitlines() == [
-        "error: layer 2 attends inside 64 windows of 49 tokens, so its queries and keys are not one set of points that "
+        "error: layer 2 attends inside 64 windows of 7 × 7 tokens, so its queries and keys are not one set of points that "
         "attend to each other; the Q/K map needs a layer with global attention (this model's layers 11, 12 have)"]
     run = _command(swin_folder, "faithfulness", photo, "--fill", "token", "--json", str(tmp_path / "t.json"))
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "is a timm Swin model" in run.stderr

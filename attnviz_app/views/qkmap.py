@@ -272,14 +272,8 @@ def _atlas(cap):
 
 def how_it_attends(cap, layer: int) -> str:
     """What keeps layer ``layer`` from being one set of points that attend to each other, in a few words."""
-    lay = cap.layout(layer)
-    if lay.num_windows > 1:
-        return t("qkmap.how_windows", n=lay.num_windows, wh=lay.window[0], ww=lay.window[1])
-    if lay.key_windows is not None or lay.keys_grid != lay.grid:
-        return t("qkmap.how_pooled", h=lay.keys_grid[0], w=lay.keys_grid[1])
-    if lay.windows.shape[1] < lay.num_tokens:
-        return t("qkmap.how_some_queries", n=lay.windows.shape[1], total=lay.num_tokens)
-    return t("qkmap.how_mixed")
+    key, values = qkmap.obstacle(cap, layer)
+    return t(f"qkmap.how_{key}", **values)
 
 
 def needs(ctx: Context) -> str | None:
