@@ -271,20 +271,14 @@ def mappable(cap: Capture, layer: int) -> bool:
 
 def obstacle(cap: Capture, layer: int) -> tuple[str, dict]:
     """What keeps layer ``layer`` from being one set of points that attend to each other, as the key of its words in
-    the catalogue (``qkmap.how_<key>``) and their values: windows, keys on another grid than the queries (pooled
-    keys, sub-sampled queries), only some tokens as queries (class attention), keys that are other tokens, or a
-    softmax mixed across heads or blended with fixed weights."""
+    the catalogue (``qkmap.how_<key>``) and their values: how the layer attends
+    (:meth:`attnviz.stages.LayerLayout.attends`), or, where every token attends to every token, its softmax mixed
+    across heads or blended with fixed weights (``mixed``), or its tokens kept in another order (``reordered``)."""
     lay = cap.layout(layer)
-    if lay.num_windows > 1:
-        return "windows", dict(n=lay.num_windows, wh=lay.window[0], ww=lay.window[1])
-    if lay.keys_grid != lay.grid:
-        return "other_grid", dict(h=lay.keys_grid[0], w=lay.keys_grid[1], qh=lay.grid[0], qw=lay.grid[1])
-    if lay.windows.shape[1] < lay.num_tokens:
-        alone = lay.windows.shape[1] == 1 and lay.class_token
-        return "class_asks" if alone else "some_queries", dict(n=lay.windows.shape[1], total=lay.num_tokens)
-    if lay.key_windows is not None:
-        return "other_keys", {}
-    return "mixed", {}
+    key, values = lay.attends()
+    if key != "global":
+        return key, values
+    return ("reordered", {}) if not lay.is_global else ("mixed", {})
 
 
 def _window(cap: Capture, layer: int, head: int):

@@ -87,6 +87,22 @@ class LayerLayout:
         """Whether the class token is among this layer's queries (its row is the summary map)."""
         return self.class_token and bool((self.windows == 0).any())
 
+    def attends(self) -> tuple[str, dict]:
+        """How this layer's queries attend, as the key of its words in the catalogue (``view.place_<key>``,
+        ``qkmap.how_<key>``) and their values: inside windows, over keys on another grid than the queries (pooled
+        keys, sub-sampled queries), with only the class token or some tokens asking, over keys that are other
+        tokens, or every token attending to every token (``global``)."""
+        if self.num_windows > 1:
+            return "windows", dict(n=self.num_windows, wh=self.window[0], ww=self.window[1])
+        if self.keys_grid != self.grid:
+            return "other_grid", dict(kh=self.keys_grid[0], kw=self.keys_grid[1], h=self.grid[0], w=self.grid[1])
+        if self.windows.shape[1] < self.num_tokens:
+            alone = self.windows.shape[1] == 1 and self.class_token
+            return "class_asks" if alone else "some_queries", dict(n=self.windows.shape[1], total=self.num_tokens)
+        if self.key_windows is not None:
+            return "other_keys", {}
+        return "global", {}
+
     @property
     def is_global(self) -> bool:
         """Every token attends to every token, in token order (a plain ViT's layer): the window is the matrix."""

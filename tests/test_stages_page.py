@@ -720,3 +720,27 @@ def test_a_448_px_swin_matrix_link_builds_the_windows_blocks_not_the_whole_image
     for w in (0, 41, 82):  # block w on the diagonal is window w; beside it, exact zeros
         np.testing.assert_allclose(blocks[w * 49:(w + 1) * 49, w * 49:(w + 1) * 49], windows[w].numpy(), atol=1e-7)
     assert not blocks[:49, 49:].any()
+
+
+def test_the_page_says_how_a_class_attention_layer_attends(tmp_path, monkeypatch):
+    """CaiT's layer 26 (class attention): the Layer caption said "every token attending to every token" and the Q/K
+    map said no layer had every token attending to every other; its layers 1–24 do, with talking heads."""
+    torch.manual_seed(0)
+    save_file(timm.create_model("cait_xxs24_224", pretrained=False, num_classes=3).state_dict(),
+              str(tmp_path / "cait_xxs24_224--small.safetensors"))
+    for env in (serving.ENV_DOWNLOADS, serving.ENV_MAX_PARAMS, serving.ENV_HEAVY_JOBS):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv(serving.ENV_CHECKPOINTS, str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update({"model": "ckpt:cait_xxs24_224--small.safetensors", "view": "qkmap", "layer": "26",
+                            "lang": "en"})
+    at.run()
+    assert not at.exception and not at.error
+    captions = " ".join(c.value for c in at.caption)
+    assert ("Layer = stage 2, block 2: a 14 × 14 grid of tokens, only the class token asking (class attention: 1 of "
+            "197 tokens).") in captions
+    assert [i.value for i in at.info] == [
+        "Layer 26 has only its class token as a query (class attention: 1 of its 197 tokens asks). Every token attends "
+        "to every other in layers 1–24, but there each weight mixes several heads' logits before the softmax (talking "
+        "heads), so it is not the softmax of one q · k: this model has no layer whose queries and keys are the one set "
+        "of points the Q/K map draws."]

@@ -7,6 +7,7 @@ from attnviz import render
 from attnviz.softmax import HEAD_FUSIONS
 from attnviz_app import classroom, links, sources, ui, views
 from attnviz_app.text import t
+from attnviz_app.views.common import attending
 from attnviz_app.views.query import link_name
 
 VIEWS = views.registered()
@@ -29,9 +30,9 @@ def _keep_head(heads: tuple[int, ...]) -> None:
 def place(cap, layer: int) -> str:
     """Where layer ``layer`` (0-based) is in a model with stages: its stage, block, grid and windows."""
     lay = cap.layout(layer)
-    windows = (t("view.place_windows", n=lay.num_windows, wh=lay.window[0], ww=lay.window[1]) if lay.num_windows > 1
-               else t("view.place_global"))
-    return t("view.place", stage=lay.stage + 1, block=lay.block + 1, h=lay.grid[0], w=lay.grid[1], windows=windows)
+    return t("view.place", stage=lay.stage + 1, block=lay.block + 1, h=lay.grid[0], w=lay.grid[1],
+             windows=attending(lay))
+
 
 
 def page() -> None:

@@ -11,7 +11,7 @@ from attnviz import offline, render, runtimes, stats
 from ..text import device_label, listed, t
 
 from .base import ALL, Context, View, register
-from .common import window_lines, described, download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
+from .common import attending, window_lines, described, download_figure, download_png, enlarge, head_label, heatmap, table_layer, tooltip_table
 from .norms import mark_high_norm, norm_sentence
 from .takeaway import downloads as take_away
 
@@ -132,8 +132,7 @@ def facts(ctx: Context) -> None:
             patches=h * w, stages=len(cap.stages), grids=listed(f"{l.grid[0]} × {l.grid[1]}" for l in firsts),
             layers=cap.num_layers, heads=listed(dict.fromkeys(str(lay.num_heads) for lay in cap.layouts)),
             layer=ctx.layer + 1, stage=lay.stage + 1, block=lay.block + 1, lh=lay.grid[0], lw=lay.grid[1],
-            windows=(t("view.place_windows", n=lay.num_windows, wh=lay.window[0], ww=lay.window[1])
-                     if lay.num_windows > 1 else t("view.place_global")), ms=cap.seconds * 1000,
+            windows=attending(lay), ms=cap.seconds * 1000,
             device=device_label(model.device), engine=engine(model),
         ))
     top = model.top_classes(cap.output)

@@ -298,3 +298,10 @@ def window_lines(picture, cap, layer: int, token: int | None = None):
         picture = render.outline_region(picture, cap.window_mask(layer, tok), WINDOW_COLOUR,
                                         max(1, round(picture.width / lay.keys_grid[1] / 6)) if token is None else None)
     return picture
+
+
+def attending(lay) -> str:
+    """How a layer's tokens attend, in a few words of the page's language (:meth:`attnviz.stages.LayerLayout.attends`):
+    inside windows, every token to every token, only the class token asking, …"""
+    key, values = lay.attends()
+    return t(f"view.place_{key}", **values)

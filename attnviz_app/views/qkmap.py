@@ -284,6 +284,16 @@ def needs(ctx: Context) -> str | None:
     layers = [layer + 1 for layer in range(cap.num_layers) if qkmap.mappable(cap, layer)]
     how = how_it_attends(cap, ctx.layer)
     if not layers:
+        everyone = [layer + 1 for layer in range(cap.num_layers) if cap.layout(layer).is_global]
+        if everyone:  # every token attends to every token there, but the heads' logits are mixed (talking heads)
+            runs = [[everyone[0], everyone[0]]]  # consecutive layers as first–last
+            for n in everyone[1:]:
+                if n == runs[-1][1] + 1:
+                    runs[-1][1] = n
+                else:
+                    runs.append([n, n])
+            return t("qkmap.no_plain_layer", layer=ctx.layer + 1, how=how,
+                     layers=listed(f"{a}–{b}" if b > a else str(a) for a, b in runs))
         return t("qkmap.no_global_layer", layer=ctx.layer + 1, how=how)
     return t("qkmap.not_global", layer=ctx.layer + 1, how=how,
              layers=listed(layers[:6]) + ("…" if len(layers) > 6 else ""))
