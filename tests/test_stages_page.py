@@ -741,6 +741,6 @@ def test_the_page_says_how_a_class_attention_layer_attends(tmp_path, monkeypatch
             "197 tokens).") in captions
     assert [i.value for i in at.info] == [
         "Layer 26 has only its class token as a query (class attention: 1 of its 197 tokens asks). Every token attends "
-        "to every other in layers 1–24, but there each weight mixes several heads' logits before the softmax (talking "
-        "heads), so it is not the softmax of one q · k: this model has no layer whose queries and keys are the one set "
-        "of points the Q/K map draws."]
+        "to every other in layers 1–24, but there a weight is not the softmax of one q · k (the heads' logits are mixed "
+        "before the softmax, as talking heads do, or the softmax is blended with fixed weights): this model has no layer "
+        "whose queries and keys are the one set of points the Q/K map draws."]
