@@ -43,11 +43,15 @@ def answer():
         time.sleep(0.2)
         if os.path.exists(report + ".ask") and "torch" in sys.modules:
             import torch
-            gc.unfreeze()  # the app freezes its long-lived objects (ui.cached_model): count those too
-            gc.collect()
-            live = gc.get_objects()
-            gc.freeze()
-            modules = [o for o in live if isinstance(o, torch.nn.Module)]
+            for _ in range(25):  # a freeze on another thread (tuning's housekeeping) between these lines hides all
+                gc.unfreeze()  # the app freezes its long-lived objects (ui.cached_model): count those too
+                gc.collect()
+                live = gc.get_objects()
+                gc.freeze()
+                modules = [o for o in live if isinstance(o, torch.nn.Module)]
+                if modules:  # the server holds the model: none seen is such a freeze, not an answer
+                    break
+                time.sleep(0.2)
             hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
             wrapped = sum(len(m.blocks) for m in modules if "_attnviz_tap" in m.__dict__)
             names = [type(o).__name__ for o in live]
