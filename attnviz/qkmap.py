@@ -26,7 +26,7 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
-from . import i18n
+from .i18n import text
 from .capture import Capture
 from .errors import LayoutError
 
@@ -287,7 +287,7 @@ def _window(cap: Capture, layer: int, head: int):
         key, values = obstacle(cap, layer)
         maps = [str(layer + 1) for layer in range(cap.num_layers) if mappable(cap, layer)]
         where = f" (this model's layers {', '.join(maps[:4])}{', …' if len(maps) > 4 else ''} have)" if maps else ""
-        raise LayoutError(f"layer {layer + 1} {i18n.text('en', f'qkmap.how_{key}', **values)}, so its queries and keys "
+        raise LayoutError(f"layer {layer + 1} {text('en', f'qkmap.how_{key}', **values)}, so its queries and keys "
                           f"are not one set of points that attend to each other; the Q/K map needs a layer with global "
                           f"attention{where}")
     return cap.window(layer, 0)
