@@ -225,8 +225,8 @@ def test_heads_meeting_behind_an_activation_or_in_a_conv_are_switched_off_there(
         for module in network.modules():
             if isinstance(module, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
                 module.weight.normal_(1.0, 0.5)
-        for module in (network.head, getattr(network, "head_dist", network.head)):
-            module.linear.weight.normal_(0, 1.0) if hasattr(module, "linear") else module.weight.normal_(0, 1.0)
+        for head in {network.head, getattr(network, "head_dist", network.head)}:  # LeViT's NormLinear, Visformer's Linear
+            getattr(head, "linear", head).weight.normal_(0, 1.0)
     model = attnviz.wrap(network, name, "random init", size)
     cap = attnviz.capture_tensor(model, torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1)))
     assert ablation.switch_refusal(model) is None and len(model.tap.switched) == model.depth
