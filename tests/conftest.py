@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,17 @@ import torch
 
 import attnviz
 import attnviz_app
+
+# An xdist worker (make test's parallel passes) shares the cores with the other workers: PyTorch's default team of one
+# spinning OpenMP thread per core collapses beside them (3.2x slower beside one busy process, docs/performance.md), so
+# each worker, and what it starts (CLI runs, servers, README examples), computes on one thread: the parallel pass of
+# unit and AppTest tests took 4 min 44 s instead of 7 min 48 s. The serial pass keeps PyTorch's default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+# A host with PYTHONDONTWRITEBYTECODE=1 (this one) made every pytest process rewrite every test module's asserts
+# afresh (8 s of each collection): the rewritten modules are kept in tests/__pycache__ (ignored by git) instead.
+sys.dont_write_bytecode = False
 
 # The page's captures run where the owner says (ATTNVIZ_RUNTIME, default "auto": OpenVINO when attnviz[fast] is
 # installed, as it is here). Most tests compare the page with PyTorch bit for bit, so they run it on PyTorch;

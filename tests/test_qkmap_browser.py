@@ -176,9 +176,9 @@ def test_map_at_each_size_in_both_languages(app_in_chromium, where, lang, real_m
     page.get_by_text(i18n.text(lang, "qkmap.title", layer=12, head=1)).wait_for(timeout=180_000)
     assert page.locator(".st-key-qk_normalize input").input_value() == i18n.text(lang, "qkmap.normalize_none")
     rho, _, _ = expected_numbers(real_model, 11, 0)
+    settle(page)  # the title is drawn before the run that draws the measured sentence below it is over
     text = page.locator(".st-key-result").inner_text()
     assert f"{rho:+.2f}" in text, text  # the measured sentence, in this language
-    settle(page)
     got = page.evaluate(MEASURE)
     assert got["page"] == got["vw"] and got["main"] <= got["vw"] and not got["clipped"], (where, got)
     for chart in page.locator(f"{CHART} canvas, {CHART} svg.marks").all():
