@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny random timm ViT (fast, exact checks) and the real offline model."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -24,6 +25,23 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # A host with PYTHONDONTWRITEBYTECODE=1 (this one) made every pytest process rewrite every test module's asserts
 # afresh (8 s of each collection): the rewritten modules are kept in tests/__pycache__ (ignored by git) instead.
 sys.dont_write_bytecode = False
+
+
+
+def _scan_component_packages_once() -> None:
+    """Every AppTest scans all ~280 installed distributions' metadata for Streamlit components (0.14 s, 13 % of an
+    AppTest-heavy file's time); what is installed does not change while the tests run, so one scan serves them all.
+    Where a later Streamlit moves the scanner, the tests are only slower."""
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:
+        return
+    scan = getattr(manifest_scanner, "scan_component_manifests", None)
+    if scan is not None and not hasattr(scan, "cache_info"):
+        manifest_scanner.scan_component_manifests = functools.cache(scan)
+
+
+_scan_component_packages_once()
 
 # The page's captures run where the owner says (ATTNVIZ_RUNTIME, default "auto": OpenVINO when attnviz[fast] is
 # installed, as it is here). Most tests compare the page with PyTorch bit for bit, so they run it on PyTorch;

@@ -41,6 +41,9 @@ def test_a_finished_run_leaves_no_capture_but_the_caches(view):
     gc.collect()
     assert [r() for r in made if r() is not None] == []  # nothing of the session (widgets' functions, downloads) holds one
     heavy.shared_queue.clear()  # the server's shared results (e.g. the Q/K atlas's picture)
+    # and its decoded photos: after another file's uploads had filled that cache, this run decoded the sample photo
+    # again and the cache's copy (600 × 400) read as the session's
+    ui.checked_image.clear()
     # nor the pictures it showed: a download button draws its picture again when clicked
     assert [p.size for p in alive_pictures() if id(p) not in pictures_before] == []
 
