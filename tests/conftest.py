@@ -71,7 +71,18 @@ HEAVY_FILES = frozenset({
 })
 
 
+# The longest files here (--durations=0, December 7), started first: a pass ends when its last file does, and the
+# wheel's (94 s, last in name order) had left one worker alone at the end of the browser pass.
+LONGEST_FIRST = (
+    "test_wheel.py", "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_stages_page.py",
+    "test_video_browser.py", "test_browser_live.py", "test_views_charts.py", "test_server_page.py", "test_runtimes.py",
+    "test_dataset_ray.py", "test_faithfulness.py", "test_qkmap.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests stay together, in order
     for item in items:
         if item.path.name in HEAVY_FILES:
             item.add_marker(pytest.mark.heavy)
@@ -134,14 +145,25 @@ def cat():
     return Image.open(ASSETS / "cat.jpg")
 
 
-@pytest.fixture(scope="module")
-def app_in_chromium():
-    """The real page's server and one headless Chromium, for the tests of one module: (url, browser)."""
-    from serve import chromium, require_chromium, streamlit_server
+@pytest.fixture(scope="session")
+def page_server():
+    """The real page's server, as `make run` starts it but for its port, shared by every browser test file of this
+    worker that needs nothing else of it: its first page run (the imports, the model) costs ~8 s of CPU, which each
+    such file had paid again. Files that set the server's environment, or watch its first run, start their own."""
+    from serve import require_chromium, streamlit_server
 
     require_chromium()
-    with streamlit_server() as (url, _proc), chromium() as browser:
-        yield url, browser
+    with streamlit_server() as (url, _proc):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def app_in_chromium(page_server):
+    """The real page's server and one headless Chromium, for the tests of one module: (url, browser)."""
+    from serve import chromium
+
+    with chromium() as browser:
+        yield page_server, browser
 
 
 @pytest.fixture(scope="session")

@@ -225,33 +225,32 @@ def test_cli_writes_html_and_gif(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.browser
 @needs_chromium
-def test_page_downloads_the_interactive_page_and_the_sweep(browser, tmp_path, real_model, real_cap):
+def test_page_downloads_the_interactive_page_and_the_sweep(browser, page_server, tmp_path, real_model, real_cap):
     """The real app: 'Download interactive page' gives this photo's page; the layer sweep has L frames."""
-    from serve import streamlit_server
+    url = page_server
+    page = browser.new_page(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+    page.goto(url)
+    button = page.get_by_role("button", name="Download interactive page (HTML)")
+    button.wait_for(timeout=120_000)
+    got = download(page, button)
+    saved = tmp_path / got.suggested_filename
+    got.save_as(saved)
+    assert saved.name == "attention_196px.html"
+    text = saved.read_text(encoding="utf-8")
+    assert text.startswith("<!doctype html>") and '<html lang="en">' in text and len(text.encode()) <= LIMIT_196
+    assert "N = 197 = 1 prefix + 196 patches" in text and '<label for="layer">Layer</label>' in text
+    # the sample shown first (the page's default photo), as the model saw it, and not another sample
+    from attnviz_app.settings import DEFAULT_PHOTO
 
-    with streamlit_server() as (url, _proc):
-        page = browser.new_page(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
-        page.goto(url)
-        button = page.get_by_role("button", name="Download interactive page (HTML)")
-        button.wait_for(timeout=120_000)
-        got = download(page, button)
-        saved = tmp_path / got.suggested_filename
-        got.save_as(saved)
-        assert saved.name == "attention_196px.html"
-        text = saved.read_text(encoding="utf-8")
-        assert text.startswith("<!doctype html>") and '<html lang="en">' in text and len(text.encode()) <= LIMIT_196
-        assert "N = 197 = 1 prefix + 196 patches" in text and '<label for="layer">Layer</label>' in text
-        # the sample shown first (the page's default photo), as the model saw it, and not another sample
-        from attnviz_app.settings import DEFAULT_PHOTO
-
-        src = re.search(r'id="photo" alt="" hidden src="data:image/png;base64,([^"]+)"', text).group(1)
-        embedded = np.asarray(Image.open(io.BytesIO(base64.b64decode(src))).convert("RGB")).astype(int)
-        off = {name: np.abs(embedded - np.asarray(real_model.view(Image.open(attnviz.photos.sample(name))))).mean()
-               for name in attnviz.photos.SAMPLES}
-        assert off[DEFAULT_PHOTO] < 3 and min(v for k, v in off.items() if k != DEFAULT_PHOTO) > 20, off
-        got = download(page, page.get_by_role("button", name="Download the layer sweep (GIF)"))
-        gif = Image.open(got.path())
-        assert gif.n_frames == real_cap.num_layers
+    src = re.search(r'id="photo" alt="" hidden src="data:image/png;base64,([^"]+)"', text).group(1)
+    embedded = np.asarray(Image.open(io.BytesIO(base64.b64decode(src))).convert("RGB")).astype(int)
+    off = {name: np.abs(embedded - np.asarray(real_model.view(Image.open(attnviz.photos.sample(name))))).mean()
+           for name in attnviz.photos.SAMPLES}
+    assert off[DEFAULT_PHOTO] < 3 and min(v for k, v in off.items() if k != DEFAULT_PHOTO) > 20, off
+    got = download(page, page.get_by_role("button", name="Download the layer sweep (GIF)"))
+    gif = Image.open(got.path())
+    assert gif.n_frames == real_cap.num_layers
+    page.close()
 
 
 @needs_chromium

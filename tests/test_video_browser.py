@@ -19,10 +19,8 @@ SHOTS = ROOT / "screenshots"
 
 
 @pytest.fixture(scope="module")
-def server():
-    require_chromium()
-    with streamlit_server() as (url, _proc):
-        yield url
+def server(page_server):
+    return page_server
 
 
 @pytest.fixture(scope="module")
