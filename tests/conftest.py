@@ -27,7 +27,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 sys.dont_write_bytecode = False
 
 
-
 def _scan_component_packages_once() -> None:
     """Every AppTest scans all ~280 installed distributions' metadata for Streamlit components (0.14 s, 13 % of an
     AppTest-heavy file's time); what is installed does not change while the tests run, so one scan serves them all.

@@ -19,11 +19,6 @@ SHOTS = ROOT / "screenshots"
 
 
 @pytest.fixture(scope="module")
-def server(page_server):
-    return page_server
-
-
-@pytest.fixture(scope="module")
 def clip(tmp_path_factory):
     # 12 frames at 12 fps: 1 s of moving shapes, a phone's rotation in the display matrix
     return write_clip(tmp_path_factory.mktemp("clip") / "phone.mov", 12, fps=12, width=320, height=240, rotation=90)
@@ -35,7 +30,7 @@ def pick_source(page, label: str) -> None:
 
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", ["en", "zh-TW"])
-def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
+def test_upload_play_scrub_freeze_and_download(page_server, clip, tmp_path, lang):
     words = {
         "en": dict(source="Video", freeze="Freeze this frame", frame="Frame", download="Download the video (MP4, H.264)",
                    note="every frame of phone.mov (12 fps → 12 fps)", frozen="Exploring phone-frame",
@@ -47,7 +42,7 @@ def test_upload_play_scrub_freeze_and_download(server, clip, tmp_path, lang):
     SHOTS.mkdir(exist_ok=True)
     with chromium() as browser:
         page = open_page(browser, "desktop", accept_downloads=True)
-        page.goto(server)
+        page.goto(page_server)
         if lang == "zh-TW":  # once the page has drawn (its first run loads the model), switch the language
             page.locator("[data-testid='stRadio']").filter(has_text="Live camera").wait_for(timeout=180_000)
             pick(page, "lang", "繁體中文", exact=True)
