@@ -227,9 +227,8 @@ def test_cli_writes_html_and_gif(tmp_path, monkeypatch, capsys):
 @needs_chromium
 def test_page_downloads_the_interactive_page_and_the_sweep(browser, page_server, tmp_path, real_model, real_cap):
     """The real app: 'Download interactive page' gives this photo's page; the layer sweep has L frames."""
-    url = page_server
     page = browser.new_page(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
-    page.goto(url)
+    page.goto(page_server)
     button = page.get_by_role("button", name="Download interactive page (HTML)")
     button.wait_for(timeout=120_000)
     got = download(page, button)
