@@ -1,12 +1,21 @@
 """Shared fixtures: a tiny random timm ViT (fast, exact checks) and the real offline model."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import stat
 import sys
 import threading
 import time
 from pathlib import Path
+
+# A host with PYTHONDONTWRITEBYTECODE=1 (this one) made every pytest process rewrite every test module's asserts
+# afresh (8 s of each collection), and every server and CLI run the tests start compile attnviz's own modules again
+# (~1.7 s of CPU a server): the compiled modules are kept in __pycache__ folders (ignored by git) instead, by this
+# process and by what it starts. Set before attnviz is imported, so its modules are kept too.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import pytest
 import timm
@@ -22,9 +31,6 @@ import attnviz_app
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-# A host with PYTHONDONTWRITEBYTECODE=1 (this one) made every pytest process rewrite every test module's asserts
-# afresh (8 s of each collection): the rewritten modules are kept in tests/__pycache__ (ignored by git) instead.
-sys.dont_write_bytecode = False
 
 
 def _scan_component_packages_once() -> None:
@@ -71,11 +77,13 @@ HEAVY_FILES = frozenset({
 
 
 # The longest files here (--durations=0, December 7), started first: a pass ends when its last file does, and the
-# wheel's (94 s, last in name order) had left one worker alone at the end of the browser pass.
+# wheel's (94 s, last in name order) had left one worker alone at the end of the browser pass. test_qkmap.py leads the
+# first pass: in a fresh venv its first UMAP compiles numba's cache (+33 s), which test_qk_cli.py and
+# test_qkmap_page.py then read instead of compiling it again beside it.
 LONGEST_FIRST = (
-    "test_wheel.py", "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_stages_page.py",
-    "test_video_browser.py", "test_browser_live.py", "test_views_charts.py", "test_server_page.py", "test_runtimes.py",
-    "test_dataset_ray.py", "test_faithfulness.py", "test_qkmap.py",
+    "test_wheel.py", "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_qkmap.py",
+    "test_stages_page.py", "test_video_browser.py", "test_browser_live.py", "test_views_charts.py",
+    "test_server_page.py", "test_runtimes.py", "test_dataset_ray.py", "test_faithfulness.py",
 )
 
 
@@ -186,6 +194,31 @@ def connections(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
     return seen
+
+
+def written_since(folder: Path, since: float, skip=(".git", ".venv", "node_modules")) -> list[Path]:
+    """Every entry under ``folder`` (files, links, FIFOs…) changed since ``since``, but in the ``skip`` folders: where a
+    test looks for a copy of an upload."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        for name in filenames:
+            path = Path(dirpath) / name
+            with contextlib.suppress(OSError):  # gone since it was listed
+                if path.lstat().st_mtime >= since:
+                    found.append(path)
+    return found
+
+
+def holds(path: Path, *needles: bytes) -> bool:
+    """Whether ``path`` is a regular file under 50 MB that holds any of ``needles``. Not a FIFO, which another worker's
+    hostile-file test can make in the shared temporary folder and whose opening waits for a writer forever (it hung
+    test_safety until pytest-timeout's 600 s), nor a link; a file gone since it was listed holds nothing."""
+    try:
+        seen = path.lstat()
+        return stat.S_ISREG(seen.st_mode) and seen.st_size < 50 * 2**20 and any(n in path.read_bytes() for n in needles)
+    except FileNotFoundError:
+        return False
 
 
 def Q(cap: attnviz.Capture) -> torch.Tensor:

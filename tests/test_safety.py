@@ -19,7 +19,7 @@ import attnviz
 from attnviz import offline
 from attnviz.images import MAX_BYTES
 
-from conftest import APP, ROOT
+from conftest import APP, ROOT, holds, written_since
 
 CODE = [*ROOT.glob("*.py"), *(ROOT / "attnviz").rglob("*.py"), *(ROOT / "attnviz_app").rglob("*.py")]
 
@@ -129,18 +129,16 @@ def marked_png(token: str) -> bytes:
     return buffer.getvalue()
 
 
-def files_changed_since(folder: Path, since: float, skip=(".git", ".venv", "node_modules")) -> list[Path]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if d not in skip]
-        for f in filenames:
-            p = Path(dirpath) / f
-            try:
-                if p.stat().st_mtime >= since:
-                    found.append(p)
-            except OSError:
-                pass
-    return found
+def test_the_scan_for_a_written_upload_reads_regular_files_only(tmp_path):
+    """Another worker's hostile-file test can make a FIFO in the shared temporary folder while the scan below runs: it
+    was read, and the read waited for a writer until pytest-timeout ended the test (600 s)."""
+    since = time.time() - 1
+    (tmp_path / "kept.bin").write_bytes(b"a token")
+    os.mkfifo(tmp_path / "run.json")
+    (tmp_path / "link.bin").symlink_to(tmp_path / "kept.bin")
+    assert sorted(p.name for p in written_since(tmp_path, since)) == ["kept.bin", "link.bin", "run.json"]
+    assert [p.name for p in written_since(tmp_path, since) if holds(p, b"token")] == ["kept.bin"]
+    assert not holds(tmp_path / "gone.bin", b"token")  # removed since it was listed
 
 
 def test_uploads_stay_in_memory_and_the_page_makes_no_network_calls(connections, tmp_path):
@@ -166,9 +164,8 @@ def test_uploads_stay_in_memory_and_the_page_makes_no_network_calls(connections,
     new_lines = set(status_after.splitlines()) - set(status_before.splitlines())
     assert not any(token in line or "upload" in line.lower() for line in new_lines)
     for folder in (ROOT, Path(tempfile.gettempdir())):
-        for path in files_changed_since(folder, since):
-            if path.stat().st_size < 50 * 2**20:
-                assert token.encode() not in path.read_bytes(), f"the upload was written to {path}"
+        for path in written_since(folder, since):
+            assert not holds(path, token.encode()), f"the upload was written to {path}"
     assert connections == []
 
 

@@ -7,7 +7,6 @@ pages, too much to judge from a handful of uploads. The measured figures are pri
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -22,6 +21,7 @@ import psutil
 import pytest
 from PIL import PngImagePlugin
 
+from conftest import holds, written_since
 from serve import streamlit_server
 from attnviz_app.ui import CAPTURE_CACHE_ENTRIES, IMAGE_CACHE_ENTRIES
 from test_browser_load import HEATMAP, open_upload, require_chromium
@@ -145,10 +145,5 @@ def test_soak(uploads, tmp_path):
     if uploads >= 100:
         assert growth <= GROWTH_LIMIT_MB
     for folder in (ROOT, server_tmp):  # no copy of any upload anywhere on disk
-        for dirpath, dirnames, filenames in os.walk(folder):
-            dirnames[:] = [d for d in dirnames if d not in (".git", ".venv")]
-            for f in filenames:
-                path = Path(dirpath) / f
-                with contextlib.suppress(OSError):
-                    if path.stat().st_mtime >= since and path.stat().st_size < 50 * 2**20:
-                        assert token.encode() not in path.read_bytes(), f"an upload was written to {path}"
+        for path in written_since(folder, since):
+            assert not holds(path, token.encode()), f"an upload was written to {path}"
