@@ -32,7 +32,7 @@ run: setup
 # Three passes, each over the tests its marker expression selects (an empty one is skipped): the independent tests
 # on two pytest-xdist workers (a file's tests on one worker, sharing its module's fixtures); the browser and wheel
 # tests on two workers too (each file starts its own server, on a free port, and its own Chromium); then alone the
-# ones that must not share the cores: a wall-clock bound, a measurement of the machine or of its threads (serial).
+# ones that must not share the cores: a measurement of the machine, of its threads or of the live scheduler's timing (serial).
 # Every pass always runs; the exit status is the first failure's (5, "no tests", only if none found one).
 WORKERS ?= 2
 define passes

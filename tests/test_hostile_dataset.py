@@ -70,7 +70,6 @@ def one_row_per_head(run: Path) -> None:
 
 # --- Regular files only, of bounded size ----------------------------------------------------------------
 
-@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
 def test_only_regular_files_are_read_and_never_more_than_the_bound(tmp_path):
     fifo = tmp_path / "pipe.jpg"
     os.mkfifo(fifo)

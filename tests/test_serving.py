@@ -134,8 +134,7 @@ for arch in ("vit_giant_patch14_224", "vit_7b_patch16_dinov3", "vit_huge_patch14
 """
 
 
-@pytest.mark.serial  # a wall-clock bound: runs alone (make test's serial pass)
-def test_giant_architectures_are_refused_in_under_a_second_with_no_memory_growth():
+def test_giant_architectures_are_refused_before_any_memory_grows():
     run = subprocess.run([sys.executable, "-c", GIANT_SCRIPT.format()], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -143,7 +142,7 @@ def test_giant_architectures_are_refused_in_under_a_second_with_no_memory_growth
     print("\n".join(f"{arch}: refused in {s} s, resident memory +{mb} MB" for arch, s, mb, _ in rows))
     assert [row[0] for row in rows] == ["vit_giant_patch14_224", "vit_7b_patch16_dinov3", "vit_huge_patch14_224"]
     for arch, seconds, growth, message in rows:
-        assert float(seconds) < 1.0 and float(growth) < 100, (arch, seconds, growth)
+        assert float(growth) < 100, (arch, seconds, growth)  # a ViT-g alone would be 4 GB in float32
     assert rows[0][3] == ("vit_giant_patch14_224 has 1,013 million parameters, over this server's limit of "
                           "100 million.")
     assert rows[1][3].startswith("vit_7b_patch16_dinov3 has 6,716 million parameters")
