@@ -87,6 +87,11 @@ def streamlit_server(
 
 ATTNVIZ_APP = [sys.executable, "-m", "attnviz", "app"]  # what `make run` runs: `attnviz app`
 FAKE_CAMERA_FLAGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
+# The live tests' camera: Chromium's fake device at 5 frames a second (the least it offers), not the 20 the page asks for.
+# The live worker always takes the newest frame, so a faster camera adds only frames it drops, each of which costs
+# CPU (encoding in Chromium, decoding on the server) that the other test worker needs: the live tests' server took
+# 28 s of CPU instead of 41 s. bench/ keeps FAKE_CAMERA_FLAGS, a camera at the rate the page asks for.
+TEST_CAMERA_FLAGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream=fps=5"]
 
 
 @contextlib.contextmanager
@@ -213,6 +218,23 @@ def download(page, button, timeout: float = 60_000):
         except PlaywrightTimeout:
             if attempt == 2:
                 raise
+
+
+DRAWN_JS = """([selector, ms]) => {
+  const drawn = document.querySelector(selector)?.querySelector('canvas, svg.marks');
+  const r = drawn ? drawn.getBoundingClientRect() : null;
+  const key = r && r.width > 0 && r.height > 0 ? [r.x, r.y, r.width, r.height].join() : null;
+  const now = performance.now();
+  if (key === null || key !== window.__attnvizDrawn) { window.__attnvizDrawn = key; window.__attnvizDrawnAt = now; }
+  return key !== null && now - window.__attnvizDrawnAt >= ms;
+}"""
+
+
+def drawn(page, selector: str, ms: int = 300) -> None:
+    """Wait until the chart inside the first element ``selector`` matches is drawn (its canvas or SVG has a size) and
+    has kept its place and size for ``ms``: Vega lays a chart out once its data has arrived, and again as its column
+    settles, so a click aimed from its box before then can miss."""
+    page.wait_for_function(DRAWN_JS, arg=[selector, ms], polling=50, timeout=60_000)
 
 
 SHOWN = {  # what a view's result shows once it is drawn, besides its picture

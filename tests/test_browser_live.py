@@ -8,7 +8,7 @@ import pytest
 
 from attnviz import render
 from conftest import ROOT
-from serve import FAKE_CAMERA_FLAGS, chromium, quiet, require_chromium, streamlit_server
+from serve import TEST_CAMERA_FLAGS, chromium, quiet, require_chromium, streamlit_server
 
 SHOTS = ROOT / "screenshots"
 GRID = 14  # the offline model at 196 px: 14 × 14 patches
@@ -89,7 +89,7 @@ def open_live(page) -> None:
 @pytest.mark.browser
 def test_live_stream_follows_layer_and_freezes_into_a_capture(server):
     SHOTS.mkdir(exist_ok=True)
-    with chromium(FAKE_CAMERA_FLAGS) as browser:
+    with chromium(TEST_CAMERA_FLAGS) as browser:
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
         page.goto(server)
         # opacity 1: every patch of the video is a flat square of colour-map colour
@@ -177,7 +177,7 @@ def test_refused_camera_gives_one_sentence(server):
 def test_a_visitor_over_the_stream_cap_is_told_and_gets_the_slot_when_it_frees(server):
     """Two visitors on a one-stream server: the second, who pressed Start last, is told why nothing
     streams; when the first closes the tab, the second's Start comes back and streams."""
-    with chromium(FAKE_CAMERA_FLAGS) as browser:
+    with chromium(TEST_CAMERA_FLAGS) as browser:
         first, second = (browser.new_context(viewport={"width": 1280, "height": 900}).new_page() for _ in range(2))
         for page in (first, second):  # both see Start while the slot is free
             page.goto(server)

@@ -106,41 +106,38 @@ def test_perturbation_test_runs_and_says_what_its_chart_shows(pages: dict[str, A
 
 
 @pytest.mark.browser
-def test_language_switch_after_running_the_test_in_a_real_browser():
+def test_language_switch_after_running_the_test_in_a_real_browser(app_in_chromium):
     """Switching language after the perturbation test keeps every choice and raises nothing (a real bug once)."""
-    import os
+    from serve import quiet, settle
 
-    from serve import chromium, quiet, require_chromium, settle, streamlit_server
-
-    require_chromium()
-    port = int(os.environ.get("ATTNVIZ_LESSON_PORT", "0")) or None
-    with streamlit_server(port) as (url, _proc), chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 2000})
-        page.goto(url + "/lesson")
-        page.get_by_text(i18n.text("en", "lesson.title")).wait_for(timeout=120_000)
-        quiet(page)  # each click below lands on a page whose run is over, not on an element being replaced
-        page.get_by_role("tab").nth(6).click()
-        quiet(page)
-        page.get_by_role("button", name=i18n.text("en", "lesson.explain.run", layer=12)).click()
-        page.get_by_text(i18n.text("en", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
-        quiet(page)
-        page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()
-        page.get_by_role("option", name="繁體中文").click()
-        page.get_by_text(i18n.text("zh-TW", "lesson.title")).wait_for(timeout=60_000)
-        settle(page)
-        quiet(page)
-        # the page stays on step 7 in its new language (the step is remembered as a number, not a label)
-        assert page.get_by_role("tab", selected=True).inner_text() == i18n.text("zh-TW", "lesson.tab7")
-        quiet(page)
-        page.get_by_role("button", name=i18n.text("zh-TW", "lesson.explain.run", layer=12)).click()
-        page.get_by_text(i18n.text("zh-TW", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
-        assert page.locator("[data-testid=stException]").count() == 0
-        assert page.locator("[data-testid=stAlertContentError]").count() == 0
-        # The choices kept their value under their Chinese labels.
-        rank_by = page.get_by_role("combobox", name=i18n.text("zh-TW", "lesson.explain.rank_by"))
-        assert rank_by.input_value() == i18n.text("zh-TW", "lesson.explain.mean_heads")
-        checked = page.locator("[data-testid=stRadio] input[type=radio]:checked")
-        assert checked.count() >= 3  # photo source, fit, removal fill
+    url, browser = app_in_chromium
+    page = browser.new_page(viewport={"width": 1400, "height": 2000})
+    page.goto(url + "/lesson")
+    page.get_by_text(i18n.text("en", "lesson.title")).wait_for(timeout=120_000)
+    quiet(page)  # each click below lands on a page whose run is over, not on an element being replaced
+    page.get_by_role("tab").nth(6).click()
+    quiet(page)
+    page.get_by_role("button", name=i18n.text("en", "lesson.explain.run", layer=12)).click()
+    page.get_by_text(i18n.text("en", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
+    quiet(page)
+    page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()
+    page.get_by_role("option", name="繁體中文").click()
+    page.get_by_text(i18n.text("zh-TW", "lesson.title")).wait_for(timeout=60_000)
+    settle(page)
+    quiet(page)
+    # the page stays on step 7 in its new language (the step is remembered as a number, not a label)
+    assert page.get_by_role("tab", selected=True).inner_text() == i18n.text("zh-TW", "lesson.tab7")
+    quiet(page)
+    page.get_by_role("button", name=i18n.text("zh-TW", "lesson.explain.run", layer=12)).click()
+    page.get_by_text(i18n.text("zh-TW", "lesson.explain.change_axis")).first.wait_for(timeout=120_000)
+    assert page.locator("[data-testid=stException]").count() == 0
+    assert page.locator("[data-testid=stAlertContentError]").count() == 0
+    # The choices kept their value under their Chinese labels.
+    rank_by = page.get_by_role("combobox", name=i18n.text("zh-TW", "lesson.explain.rank_by"))
+    assert rank_by.input_value() == i18n.text("zh-TW", "lesson.explain.mean_heads")
+    checked = page.locator("[data-testid=stRadio] input[type=radio]:checked")
+    assert checked.count() >= 3  # photo source, fit, removal fill
+    page.close()
 
 
 def test_the_lessons_presenter_view_has_a_join_box_that_opens_the_lesson(monkeypatch):

@@ -3,7 +3,6 @@ clickable pictures in a real browser."""
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -256,46 +255,43 @@ def test_choosing_a_cell_sets_layer_and_head(head, expected):
 
 
 @pytest.mark.browser
-def test_clicking_a_patch_and_a_cell_in_a_real_browser():
-    import time
+def test_clicking_a_patch_and_a_cell_in_a_real_browser(app_in_chromium):
+    from playwright.sync_api import expect
 
-    from serve import choose_view, chromium, require_chromium, streamlit_server
+    from serve import choose_view, drawn
 
-    require_chromium()
-    port = int(os.environ.get("ATTNVIZ_TEST_PORT", "0")) or None
-    with streamlit_server(port=port) as (url, _proc), chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 2000})
-        page.goto(url)
-        page.wait_for_selector("text=What was computed", timeout=120_000)
+    url, browser = app_in_chromium
+    page = browser.new_page(viewport={"width": 1400, "height": 2000})
+    page.goto(url)
+    page.wait_for_selector("text=What was computed", timeout=120_000)
 
-        choose_view(page, "Any query token → patches")
-        page.get_by_text("where does class token [CLS] look?").wait_for(timeout=60_000)
-        box = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
-        page.mouse.click(box["x"] + box["width"] * 10.5 / 14, box["y"] + box["height"] * 3.5 / 14)
-        page.get_by_text("where does patch (row 4, column 11) look?").wait_for(timeout=60_000)
-        # the address bar follows the click, once the view is drawn: a link to it opens this query. (Waiting with
-        # time.sleep would not do: Playwright's sync API learns of the new address only while it is called.)
-        page.wait_for_url("**query=r4c11**", timeout=30_000)
-        assert "view=query" in page.url, page.url
+    choose_view(page, "Any query token → patches")
+    page.get_by_text("where does class token [CLS] look?").wait_for(timeout=60_000)
+    drawn(page, "[data-testid='stVegaLiteChart']")
+    box = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 10.5 / 14, box["y"] + box["height"] * 3.5 / 14)
+    page.get_by_text("where does patch (row 4, column 11) look?").wait_for(timeout=60_000)
+    # the address bar follows the click, once the view is drawn: a link to it opens this query. (Waiting with
+    # time.sleep would not do: Playwright's sync API learns of the new address only while it is called.)
+    page.wait_for_url("**query=r4c11**", timeout=30_000)
+    assert "view=query" in page.url, page.url
 
-        choose_view(page, "All layers and heads at a glance")
-        page.get_by_text("All 12 layers × 6 heads at a glance").wait_for(timeout=60_000)
-        time.sleep(2)  # let Vega lay the grid out
-        chart = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
-        # 12 rows × 7 columns (6 heads + mean) of STEP px; the plot ends at the chart's right and bottom edges
-        from attnviz_app.views.heads import CELL_PX
+    choose_view(page, "All layers and heads at a glance")
+    page.get_by_text("All 12 layers × 6 heads at a glance").wait_for(timeout=60_000)
+    drawn(page, "[data-testid='stVegaLiteChart']")  # Vega has laid the grid out: its box is where the cells are
+    chart = page.locator("[data-testid='stVegaLiteChart']").first.bounding_box()
+    # 12 rows × 7 columns (6 heads + mean) of STEP px; the plot ends at the chart's right and bottom edges
+    from attnviz_app.views.heads import CELL_PX
 
-        step = CELL_PX + 8
-        right, bottom = chart["x"] + chart["width"], chart["y"] + chart["height"]
-        page.mouse.click(right - step * (7 - 1 - 0.5), bottom - step * (12 - 2 - 0.5))  # layer 3, head 2
-        slider = page.locator("[data-testid='stSlider']").filter(has_text="Layer")
-        layer = slider.locator("[data-testid='stSliderThumbValue']")
-        deadline = time.monotonic() + 60
-        while layer.inner_text().strip() != "3" and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert layer.inner_text().strip() == "3"
-        head = page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input")
-        assert head.input_value() == "head 2"
+    step = CELL_PX + 8
+    right, bottom = chart["x"] + chart["width"], chart["y"] + chart["height"]
+    page.mouse.click(right - step * (7 - 1 - 0.5), bottom - step * (12 - 2 - 0.5))  # layer 3, head 2
+    slider = page.locator("[data-testid='stSlider']").filter(has_text="Layer")
+    layer = slider.locator("[data-testid='stSliderThumbValue']")
+    expect(layer).to_have_text("3", timeout=60_000)
+    head = page.locator("[data-testid='stSelectbox']").filter(has_text="Head").locator("input")
+    assert head.input_value() == "head 2"
+    page.close()
 
 
 @pytest.mark.parametrize("view", ["query", "neuron"])
