@@ -76,13 +76,13 @@ HEAVY_FILES = frozenset({
 })
 
 
-# The longest files here (--durations=0, December 7), started first: a pass ends when its last file does, and the
-# wheel's (94 s, last in name order) had left one worker alone at the end of the browser pass. test_qkmap.py leads the
-# first pass: in a fresh venv its first UMAP compiles numba's cache (+33 s), which test_qk_cli.py and
-# test_qkmap_page.py then read instead of compiling it again beside it.
+# The longest files here (--durations=0, December 7), started first: a pass ends when its last file does, and a long
+# file started late (the wheel's, last in name order, 94 s before uv) had left one worker alone at the end of the
+# browser pass. test_qkmap.py comes early in the first pass: in a fresh venv its first UMAP compiles numba's cache
+# (+33 s), which test_qk_cli.py and test_qkmap_page.py then read instead of compiling it again beside it.
 LONGEST_FIRST = (
-    "test_wheel.py", "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_qkmap.py",
-    "test_stages_page.py", "test_video_browser.py", "test_browser_live.py", "test_views_charts.py",
+    "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_qkmap.py",
+    "test_stages_page.py", "test_browser_live.py", "test_video_browser.py", "test_wheel.py", "test_views_charts.py",
     "test_server_page.py", "test_runtimes.py", "test_dataset_ray.py", "test_faithfulness.py",
 )
 
