@@ -410,6 +410,19 @@ def test_each_lesson_step_fits_a_projector_with_its_picture_and_formula(app_in_c
     page.close()
 
 
+BUTTON_NAMES = "() => [...document.querySelectorAll('button[aria-label]')].map(b => b.ariaLabel)"
+
+
+def button_names(page, awaited: str) -> list[str]:
+    """The names a screen reader says for the page's buttons, once ``awaited`` is among them (up to 15 s): the help
+    buttons are drawn, and their names rewritten, after the run's end, on a busy host later."""
+    try:
+        page.wait_for_function(f"awaited => ({BUTTON_NAMES})().includes(awaited)", arg=awaited, timeout=15_000)
+    except Exception:
+        pass  # the caller's assertion shows every name there is
+    return page.evaluate(BUTTON_NAMES)
+
+
 @pytest.mark.browser
 def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app_in_chromium):
     """Streamlit writes "Upload", "50MB per file", "Take Photo", its toolbars' tooltips and its buttons' names for
@@ -433,12 +446,7 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
             pytest.fail(f"the title is {page.evaluate(gap)} px below the top of the page, not 96")
         assert page.locator("[data-testid=stSkipToContent]").inner_text() == "跳到主要內容"  # the keyboard's first stop
         # the names a screen reader says for Streamlit's buttons, and a chart toolbar's tooltips
-        names_js = "() => [...document.querySelectorAll('button[aria-label]')].map(b => b.ariaLabel)"
-        try:  # the help buttons are drawn, and their names rewritten, after the run's end (on a busy host, later)
-            page.wait_for_function(f"() => ({names_js})().includes('「平滑熱力圖」的說明')", timeout=15_000)
-        except Exception:
-            pass  # the assertion below shows every name there is
-        names = page.evaluate(names_js)
+        names = button_names(page, "「平滑熱力圖」的說明")
         assert "「平滑熱力圖」的說明" in names and any(n.startswith("全螢幕：") for n in names), names
         assert not [n for n in names if n.startswith(("Help for", "Fullscreen", "Collapse"))], names
         chart = open_page(browser, "desktop")
@@ -480,12 +488,7 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
         page.wait_for_function("() => /50MB per file/.test(document.querySelector('[data-testid=stFileUploaderDropzone]')?.innerText)",
                                timeout=60_000)
         assert "上傳" not in page.locator("[data-testid=stFileUploaderDropzone]").inner_text()
-        names_js = "() => [...document.querySelectorAll('button[aria-label]')].map(b => b.ariaLabel)"
-        try:  # the help buttons are drawn, and their names rewritten, after the run's end (on a busy host, later)
-            page.wait_for_function(f"() => ({names_js})().includes('「平滑熱力圖」的說明')", timeout=15_000)
-        except Exception:
-            pass  # the assertion below shows every name there is
-        names = page.evaluate(names_js)
+        names = button_names(page, "Help for Smooth heatmap")
         assert "Help for Smooth heatmap" in names and "「平滑熱力圖」的說明" not in names, names  # Streamlit's again
         page.close()
     finally:
