@@ -48,6 +48,33 @@ def _scan_component_packages_once() -> None:
 
 _scan_component_packages_once()
 
+
+def _await_app_runs_without_polling() -> None:
+    """AppTest waits for each script run by waking every millisecond to look for its end, which takes the GIL from
+    the run it waits for; waiting on the run's thread instead does the same wait without the wake-ups. Where a later
+    Streamlit moves these pieces, AppTest's own wait stays."""
+    try:
+        from streamlit.testing.v1 import local_script_runner as runner_module
+    except ImportError:
+        return
+    polling = getattr(runner_module, "require_widgets_deltas", None)
+    if polling is None or getattr(polling, "__name__", "") != "require_widgets_deltas":
+        return
+
+    def require_widgets_deltas(runner, timeout: float = 3) -> None:
+        thread = getattr(runner, "_script_thread", None)
+        if thread is None:
+            return polling(runner, timeout)
+        thread.join(timeout)
+        if not runner.script_stopped():
+            return polling(runner, 0)  # AppTest's own end: it stops the run and raises its timeout error
+        return None
+
+    runner_module.require_widgets_deltas = require_widgets_deltas
+
+
+_await_app_runs_without_polling()
+
 # The page's captures run where the owner says (ATTNVIZ_RUNTIME, default "auto": OpenVINO when attnviz[fast] is
 # installed, as it is here). Most tests compare the page with PyTorch bit for bit, so they run it on PyTorch;
 # tests/test_runtime_page.py runs the page on each runtime. Servers the tests start inherit this.
