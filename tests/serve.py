@@ -143,18 +143,54 @@ SCREENS = {  # the screens the page is tested on, as Playwright browser-context 
 SHOTS = Path(os.environ["ATTNVIZ_SHOTS"]) if os.environ.get("ATTNVIZ_SHOTS") else None
 
 
+# What a kept page clears as it leaves: a new context's page starts with no storage (and no cookies, cleared apart).
+LEAVE_JS = "() => { try { localStorage.clear(); sessionStorage.clear(); } catch (e) {} }"
+
+
 def open_page(browser, screen: str, **options):
     """A page in a browser context of its own, sized as ``screen`` (a key of ``SCREENS``); ``options`` add
-    to or replace the screen's (``device_scale_factor=1``, ``accept_downloads=True``). Closing the page
-    closes its context."""
-    return browser.new_page(**{**SCREENS[screen], **options})
+    to or replace the screen's (``device_scale_factor=1``, ``accept_downloads=True``).
+
+    ``page.close()`` keeps the page for this browser's next ``open_page`` of the same screen and options, as a
+    visitor who opens the next address in the same tab: it leaves for about:blank (the server sees its session end,
+    as when a tab closes), its cookies and storage cleared and its pointer moved off the page. A page opened anew
+    cost Chromium 2.7 s of CPU here, one kept 1.3 s (the page's first screen, docs/tests.md).
+    ``page.context.close()`` closes it for good."""
+    settings = {**SCREENS[screen], **options}
+    key = repr(sorted(settings.items()))
+    if not hasattr(browser, "attnviz_kept_pages"):
+        browser.attnviz_kept_pages = {}
+    kept = browser.attnviz_kept_pages.setdefault(key, [])
+    while kept:
+        page = kept.pop()
+        if not page.is_closed():
+            return page
+    page = browser.new_page(**settings)
+    close_for_good = page.close
+
+    def leave(**_options) -> None:
+        if page.is_closed():
+            return
+        try:
+            page.mouse.move(0, 0)
+            page.evaluate(LEAVE_JS)
+            page.goto("about:blank")
+            page.context.clear_cookies()
+        except Exception:  # a page that cannot leave (crashed, its context closed) is not kept
+            close_for_good()
+            return
+        kept.append(page)
+
+    page.close = leave
+    return page
 
 
-def shot(page, name: str) -> None:
-    """Save a screenshot of the screen as ``name``.png in the folder ``ATTNVIZ_SHOTS`` names, if it names one."""
+def shot(page, name: str, full_page: bool = False) -> None:
+    """Save a screenshot of the screen (or the whole page) as ``name``.png in the folder ``ATTNVIZ_SHOTS`` names, if
+    it names one: to look at, not to test (a test that reads pixels takes its own)."""
     if SHOTS is not None:
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=SHOTS / f"{name}.png")
+        page.screenshot(path=SHOTS / f"{name}.png", full_page=full_page)
 
 
 SETTLED_JS = """(ms) => {

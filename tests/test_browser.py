@@ -11,10 +11,9 @@ from PIL import Image
 import attnviz
 from attnviz import render
 from attnviz.images import open_image
-from conftest import ASSETS, ROOT
-from serve import choose_option, chromium, download, require_chromium, streamlit_server
+from conftest import ASSETS
+from serve import choose_option, chromium, download, require_chromium, shot, streamlit_server
 
-SHOTS = ROOT / "screenshots"
 HEATMAP = "[data-testid='stImage'] img"
 
 
@@ -39,7 +38,6 @@ def wait_for_new_heatmap(page, old: str) -> str:
 
 @pytest.mark.browser
 def test_upload_then_switch_layer_and_head(server, real_model):
-    SHOTS.mkdir(exist_ok=True)
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         page.goto(server)
@@ -52,7 +50,7 @@ def test_upload_then_switch_layer_and_head(server, real_model):
         page.wait_for_function("s => document.querySelector(s).complete", arg=HEATMAP)
         first = heatmap_src(page)
         assert page.get_by_text("Layer 12, mean of all heads: where the class token looks").is_visible()
-        page.screenshot(path=SHOTS / "upload.png", full_page=True)
+        shot(page, "upload", full_page=True)
 
         # Layer: the slider thumb takes arrow keys like any slider
         page.get_by_role("slider", name="Layer").focus()
@@ -67,7 +65,7 @@ def test_upload_then_switch_layer_and_head(server, real_model):
         page.get_by_text("Layer 8, head 3: where the class token looks").wait_for()
         assert len({first, second, third}) == 3
         assert page.locator("[data-testid='stException']").count() == 0
-        page.screenshot(path=SHOTS / "layer8_head3.png", full_page=True)
+        shot(page, "layer8_head3", full_page=True)
 
         # A new upload keeps the chosen Layer and Head (Streamlit once forgot them on the way)
         page.locator("input[type=file]").set_input_files(str(ASSETS / "rocket.jpg"))

@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 from attnviz import render
-from conftest import ROOT
-from serve import TEST_CAMERA_FLAGS, chromium, quiet, require_chromium, streamlit_server
+from serve import TEST_CAMERA_FLAGS, chromium, quiet, require_chromium, shot, streamlit_server
 
-SHOTS = ROOT / "screenshots"
 GRID = 14  # the offline model at 196 px: 14 × 14 patches
 INFERNO = render.colorize(np.linspace(0.0, 1.0, 256), "inferno").astype(np.int32)  # (256, 3)
 
@@ -88,7 +86,6 @@ def open_live(page) -> None:
 
 @pytest.mark.browser
 def test_live_stream_follows_layer_and_freezes_into_a_capture(server):
-    SHOTS.mkdir(exist_ok=True)
     with chromium(TEST_CAMERA_FLAGS) as browser:
         page = browser.new_page(viewport={"width": 1440, "height": 1000})
         page.goto(server)
@@ -108,7 +105,7 @@ def test_live_stream_follows_layer_and_freezes_into_a_capture(server):
         for _ in range(3):  # the fake camera moves: frames at one layer differ a little from each other
             page.wait_for_timeout(400)
             layer12.append(read_video(frame)[0])
-        page.screenshot(path=SHOTS / "live_layer12.png")
+        shot(page, "live_layer12")
 
         # Layer 1 applies to the next frames, with no restart of the stream
         slider = page.get_by_role("slider", name="Layer")
@@ -140,7 +137,7 @@ def test_live_stream_follows_layer_and_freezes_into_a_capture(server):
         print(f"live layer change {change:.1f} vs motion {motion:.1f}")
         assert change > max(1.25 * motion, 2), (change, motion)
         assert page.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Stop").is_visible()
-        page.screenshot(path=SHOTS / "live_layer1.png")
+        shot(page, "live_layer1")
 
         # Freeze: the stream stops and the frame becomes an ordinary capture with the normal views
         page.get_by_role("button", name="Freeze").click()
@@ -152,7 +149,7 @@ def test_live_stream_follows_layer_and_freezes_into_a_capture(server):
         # the camera's component draws its Start button again after the rerun (on a busy host, after the picture)
         expect(page.frame_locator("iframe[title*='webrtc']").get_by_role("button", name="Start")).to_be_visible(timeout=30_000)
         assert page.locator("[data-testid='stException']").count() == 0
-        page.screenshot(path=SHOTS / "live_frozen.png", full_page=True)
+        shot(page, "live_frozen", full_page=True)
 
 
 @pytest.mark.browser

@@ -177,12 +177,9 @@ def test_the_page_numbers_are_the_library_numbers(owner):
 def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
     """Owner's folder → model box → Stage/Block → query click: the heading follows the clicked patch; a link to the
     Swin on the projector and a phone."""
-    from conftest import ROOT
-    from serve import MEASURE, chromium, open_page, pick, quiet, require_chromium, settle, streamlit_server
+    from serve import MEASURE, chromium, open_page, pick, quiet, require_chromium, settle, shot, streamlit_server
 
     require_chromium()
-    shots = ROOT / "screenshots"
-    shots.mkdir(exist_ok=True)
     env = {serving.ENV_CHECKPOINTS: str(swin_folder), "ATTNVIZ_JOIN_URL": "http://attnviz.school"}
     with streamlit_server(env=env) as (url, _), chromium() as browser:
         # the flow on a desktop and a phone (touch, a 390 px column); the projector opens the Swin by link below
@@ -203,7 +200,7 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
             pick(page, "stage", "Stage 1 (56 × 56")
             page.get_by_text("Stage 1, block 2, mean of all heads", exact=False).wait_for(timeout=60_000)
             settle(page)
-            page.screenshot(path=str(shots / f"swin_summary_{name}.png"), full_page=False)
+            shot(page, f"swin_summary_{name}")
             page.locator(".st-key-stage_show label").filter(has_text="One patch as the query").click()
             page.get_by_text("what patch (row 29, column 29) attends to", exact=False).wait_for(timeout=60_000)
             chart = page.locator("[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg").first
@@ -217,7 +214,7 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
             try:
                 page.get_by_text("what patch (row 2, column 2) attends to", exact=False).wait_for(timeout=60_000)
             finally:
-                page.screenshot(path=str(shots / f"swin_query_{name}.png"), full_page=False)
+                shot(page, f"swin_query_{name}")
             page.close()
         # a link opens the Swin (model=…): on the projector its picture, 500 px at 720, and the join box's QR code
         # fit the screen without a scroll; a phone opens at the top, as for a ViT, and its picture fits the screen
@@ -233,7 +230,7 @@ def test_a_swin_checkpoint_end_to_end_in_a_real_browser(swin_folder):
                 page.locator(".st-key-result [data-testid='stImage'] img").first.evaluate(
                     "e => e.scrollIntoView({block: 'nearest', behavior: 'instant'})")
             seen = page.evaluate(MEASURE)
-            page.screenshot(path=str(shots / f"swin_link_{name}.png"), full_page=False)
+            shot(page, f"swin_link_{name}")
             heat = seen["heat"]
             assert heat is not None and heat["top"] >= 0 and heat["bottom"] <= seen["vh"] + 1, seen
             if present:
@@ -371,9 +368,9 @@ def test_a_small_swin_as_the_interactive_page_in_a_real_browser(tmp_path):
     """``attnviz export --html`` of a staged model: the Layer control names (stage, block), the drawn map is
     the layer's summary map at its own grid (payload, readout and pixels), a click shows that query's row,
     zero outside its window."""
-    from conftest import ASSETS, ROOT
+    from conftest import ASSETS
     from PIL import Image
-    from serve import chromium, require_chromium
+    from serve import chromium, require_chromium, shot
 
     from attnviz import cli, render
 
@@ -399,8 +396,6 @@ def test_a_small_swin_as_the_interactive_page_in_a_real_browser(tmp_path):
         shown = lo + arrays[f"summary.{layer}"][k] / 255 * (hi - lo)
         np.testing.assert_allclose(shown, expected, atol=(hi - lo) / 510 * (1 + 1e-5) + 1e-9)
 
-    shots = ROOT / "screenshots"
-    shots.mkdir(exist_ok=True)
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
         errors = []
@@ -456,7 +451,7 @@ def test_a_small_swin_as_the_interactive_page_in_a_real_browser(tmp_path):
             assert abs(shown - row_map[row, col]) <= tol * (1 + 1e-5) + 1e-9
         page.mouse.move(*centre(*outside, (28, 28)))
         assert float(page.locator("#readout").get_attribute("data-value")) == 0.0  # outside the window: exactly 0
-        page.screenshot(path=str(shots / "swin_html_query.png"))
+        shot(page, "swin_html_query")
 
         assert page.locator("#head option[value='6']").evaluate("o => o.disabled")  # stage 1 has 2 heads
         control.focus()

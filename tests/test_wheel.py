@@ -32,9 +32,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from serve import chromium, require_chromium, streamlit_server
+from serve import chromium, require_chromium, shot, streamlit_server
 
-SHOTS = ROOT / "screenshots"
 HEATMAP = ".st-key-result [data-testid='stImage'] img"
 # What the wheel must hold (fnmatch patterns over its names; each must match at least one file).
 MUST_HOLD = (
@@ -222,8 +221,7 @@ def test_attnviz_app_serves_a_heatmap_from_an_empty_folder(installed):
         assert heatmap.evaluate("i => i.naturalWidth") > 0
         box = heatmap.bounding_box()  # on the first screen: inside the viewport, not below it
         assert box and box["y"] < 1000 and box["y"] + box["height"] > 0 and box["width"] > 100, box
-        SHOTS.mkdir(exist_ok=True)
-        page.screenshot(path=SHOTS / "wheel_app.png", full_page=True)
+        shot(page, "wheel_app", full_page=True)
         assert page.locator("[data-testid='stException']").count() == 0
         assert page.locator("[data-testid='stAlertContentError']").count() == 0
         text = page.locator("body").inner_text()
