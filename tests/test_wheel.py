@@ -123,16 +123,17 @@ def installed():
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", dist, "."], 300,
             cwd=source)
         (wheel,) = dist.glob("attnviz-*.whl")
-        run([python311, "-m", "venv", venv], 120, cwd=empty)
+        uv = Path(sys.executable).with_name("uv")
+        # with uv (make setup's venv), uv lays pip as well: the venv's own ensurepip took 4 s
+        run([python311, "-m", "venv", *(["--without-pip"] if uv.exists() else []), venv], 120, cwd=empty)
         env = user_env(venv, cache)
         installed_here = tmp / "installed-here.txt"  # name==version of every package of this environment
         installed_here.write_text(run([sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude-editable"],
                                       120, cwd=empty).stdout)
         constraints = ["-c", ROOT / "requirements.txt", "-c", installed_here]
         pip_options = []
-        uv = Path(sys.executable).with_name("uv")
         if uv.exists():  # make setup's venv: uv lays what the wheel and its app extra need, from its cache
-            run([uv, "pip", "install", "--quiet", "--python", venv / "bin" / "python", *constraints, f"{wheel}[app]"],
+            run([uv, "pip", "install", "--quiet", "--python", venv / "bin" / "python", *constraints, "pip", f"{wheel}[app]"],
                 600, cwd=empty, env=env | uv_indexes())
             run([venv / "bin" / "python", "-m", "pip", "uninstall", "--yes", "--quiet", "attnviz"], 120, cwd=empty, env=env)
             pip_options = ["--no-index"]  # so pip finds every requirement installed, or fails
