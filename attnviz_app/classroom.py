@@ -212,12 +212,17 @@ AFTER_RUN_JS = """
 
 # The first large picture of the result into view, as little as needed (on a phone this brings the heatmap up under
 # the Layer and Head controls): the view's main picture, not its tallest (the Q/K map's atlas is taller than the map).
+# A chart is drawn after the run ends, and a picture laid out once it has decoded: while one of them is still coming
+# there is nothing to scroll to yet (false), not nothing at all (null, which ends the script): on a busy phone the
+# Query view's picture came after the first look, and stayed below the screen.
 SCROLL_TO_PICTURE = """() => {
     const box = document.querySelector(".st-key-result");
-    const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")] : [];
-    const sized = pictures.filter((p) => !p.closest('[data-stale="true"]'))
-      .map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
-    if (!sized.length) return box ? null : false;
+    const fresh = (e) => !e.closest('[data-stale="true"]');
+    const pictures = box ? [...box.querySelectorAll("img, canvas, svg.marks")].filter(fresh) : [];
+    const sized = pictures.map((p) => [p, p.getBoundingClientRect().height]).filter(([p, h]) => h > 120);
+    const coming = box && ([...box.querySelectorAll("img")].some((i) => fresh(i) && !i.complete) ||
+      [...box.querySelectorAll('[data-testid="stVegaLiteChart"]')].some((c) => fresh(c) && !c.querySelector("svg.marks, canvas")));
+    if (!sized.length) return box && !coming ? null : false;
     if (sized.some(([p]) => p.complete === false)) return false;
     const tallest = Math.max(...sized.map(([p, h]) => h));
     const [picture] = sized.find(([p, h]) => h >= tallest / 2);
