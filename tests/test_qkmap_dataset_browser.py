@@ -12,17 +12,11 @@ import attnviz
 from attnviz import i18n
 from attnviz.dataset import RunConfig, run_local
 from dataset_fixtures import SMALL, one_thread, photo_folder  # noqa: F401 (autouse fixture)
-from serve import PHONE_UA, SHOTS, chromium, require_chromium, settle, streamlit_server
+from serve import SCREENS, SHOTS, chromium, require_chromium, settle, shot, streamlit_server
 from test_qkmap_browser import pick
 from test_qkmap_dataset_page import by_hand
 from conftest import Q, K, SCALE
 
-SIZES = {
-    "desktop": dict(viewport={"width": 1400, "height": 1000}),
-    "projector": dict(viewport={"width": 1280, "height": 720}),
-    "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, user_agent=PHONE_UA,
-                  device_scale_factor=2),
-}
 SECTION = "[data-testid='stVerticalBlock']:has(> div .st-key-dataset_qk_colour)"
 
 
@@ -53,7 +47,7 @@ def expected_matches(root: Path, lang: str, photo: int, row: int, col: int, coun
 @pytest.mark.parametrize("where, lang", [("desktop", "zh-TW"), ("projector", "en"), ("phone", "en")])
 def test_dataset_qk_map_and_patch_search(server, where, lang):
     url, browser, root = server
-    context = browser.new_context(**SIZES[where])
+    context = browser.new_context(**SCREENS[where])
     page = context.new_page()
     page.goto(url + ("/dataset?lang=zh-TW" if lang == "zh-TW" else "/dataset"))  # a link names the language
     page.locator(".st-key-dataset_qk_colour").wait_for(timeout=180_000)
@@ -82,7 +76,7 @@ def test_dataset_qk_map_and_patch_search(server, where, lang):
 
     # It fits: nothing wider than the screen, and the map's canvas inside it.
     width = page.evaluate("() => document.documentElement.scrollWidth")
-    vw = SIZES[where]["viewport"]["width"]
+    vw = SCREENS[where]["viewport"]["width"]
     assert width <= vw, (where, width)
     for chart in page.locator("[data-testid='stVegaLiteChart']").all():  # every head over the photos; this head's map
         box = chart.bounding_box()
@@ -103,8 +97,7 @@ def test_dataset_qk_map_and_patch_search(server, where, lang):
         return coloured; }""")
     assert painted > 500, painted  # 136 points drawn
     assert page.locator("[data-testid='stException']").count() == 0
-    if SHOTS is not None:
-        SHOTS.mkdir(parents=True, exist_ok=True)
+    if SHOTS is not None:  # the section under the header, for a person to look at
         page.get_by_text(header).scroll_into_view_if_needed()
-        page.screenshot(path=SHOTS / f"qkmap_dataset_{where}_{lang}.png")
+        shot(page, f"qkmap_dataset_{where}_{lang}")
     context.close()
