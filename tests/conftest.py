@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import stat
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # A host with PYTHONDONTWRITEBYTECODE=1 (this one) made every pytest process rewrite every test module's asserts
 # afresh (8 s of each collection), and every server and CLI run the tests start compile attnviz's own modules again
@@ -18,11 +20,11 @@ sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import pytest
-import timm
-import torch
 
-import attnviz
-import attnviz_app
+if TYPE_CHECKING:
+    import torch
+
+    import attnviz
 
 # An xdist worker (make test's parallel passes) shares the cores with the other workers: PyTorch's default team of one
 # spinning OpenMP thread per core collapses beside them (3.2x slower beside one busy process, docs/performance.md), so
@@ -30,7 +32,6 @@ import attnviz_app
 # unit and AppTest tests took 4 min 44 s instead of 7 min 48 s. The serial pass keeps PyTorch's default.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _scan_component_packages_once() -> None:
@@ -46,7 +47,6 @@ def _scan_component_packages_once() -> None:
         manifest_scanner.scan_component_manifests = functools.cache(scan)
 
 
-_scan_component_packages_once()
 
 
 def _await_app_runs_without_polling() -> None:
@@ -73,7 +73,17 @@ def _await_app_runs_without_polling() -> None:
     runner_module.require_widgets_deltas = require_widgets_deltas
 
 
-_await_app_runs_without_polling()
+def pytest_configure(config):
+    """What a process that runs tests needs first. The process that hands a parallel pass's tests to its workers runs
+    none and imports none of PyTorch, timm or Streamlit: it starts its workers 4–5 s sooner, once a pass."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import torch
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    _scan_component_packages_once()
+    _await_app_runs_without_polling()
 
 # The page's captures run where the owner says (ATTNVIZ_RUNTIME, default "auto": OpenVINO when attnviz[fast] is
 # installed, as it is here). Most tests compare the page with PyTorch bit for bit, so they run it on PyTorch;
@@ -81,8 +91,9 @@ _await_app_runs_without_polling()
 os.environ.setdefault("ATTNVIZ_RUNTIME", "pytorch")
 
 ROOT = Path(__file__).resolve().parents[1]
-ASSETS = Path(attnviz.__file__).with_name("assets")  # the sample photos the package ships
-APP = Path(attnviz_app.__file__).with_name("streamlit_app.py")  # the script `attnviz app` serves
+# Found without importing either package (the parallel passes' controller imports neither).
+ASSETS = Path(importlib.util.find_spec("attnviz").origin).with_name("assets")  # the sample photos the package ships
+APP = Path(importlib.util.find_spec("attnviz_app").origin).with_name("streamlit_app.py")  # what `attnviz app` serves
 
 
 def pytest_addoption(parser):
@@ -103,15 +114,40 @@ HEAVY_FILES = frozenset({
 })
 
 
-# The longest files here (--durations=0, December 7), started first: a pass ends when its last file does, and a long
-# file started late (the wheel's, last in name order, 94 s before uv) had left one worker alone at the end of the
-# browser pass. test_qkmap.py comes early in the first pass: in a fresh venv its first UMAP compiles numba's cache
-# (+33 s), which test_qk_cli.py and test_qkmap_page.py then read instead of compiling it again beside it.
+# The longest files here (--durations=0 of each pass, December 7), handed out first: a pass ends when its last file
+# does, and a long file started late (the wheel's, last in name order, 94 s before uv) had left one worker alone at the
+# end of the browser pass. One list serves both parallel passes: each sees only its own tests of a file.
 LONGEST_FIRST = (
-    "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_qkmap.py",
-    "test_stages_page.py", "test_browser_live.py", "test_video_browser.py", "test_wheel.py", "test_views_charts.py",
-    "test_server_page.py", "test_runtimes.py", "test_dataset_ray.py", "test_faithfulness.py",
+    "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_wheel.py",
+    "test_browser_live.py", "test_stages_page.py", "test_video_browser.py", "test_qkmap.py", "test_views_charts.py",
+    "test_qkmap_dataset_browser.py", "test_faithfulness_browser.py", "test_soak.py", "test_dataset_ray.py",
+    "test_runtimes.py", "test_server_page.py", "test_qk_scatter_browser.py", "test_faithfulness.py", "test_readme.py",
+    "test_browser.py", "test_lesson_page.py", "test_hostile_dataset.py", "test_app_robust.py",
+    "test_hostile_models.py", "test_browser_load.py", "test_views_analysis.py", "test_zoo.py",
 )
+
+# Files that warm the same thing in their process, run one after another on one worker so that it is warmed once:
+# numba compiles UMAP's fitting code in each process that first fits (11 s here; in a fresh venv its import compiles
+# pynndescent for 14 s more, which two workers importing it at once each paid).
+SAME_WORKER = {"test_qkmap.py": "UMAP", "test_qk_cli.py": "UMAP", "test_qkmap_page.py": "UMAP"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """make test's parallel passes (--dist loadfile): a file's tests on one worker, sharing its module's fixtures; the
+    files handed out in LONGEST_FIRST's order (xdist's own put the files with the most tests first, which left the
+    two-test Swin file to start at 302 s of a 347 s browser pass), and a SAME_WORKER group's files as one."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SAME_WORKER.get(Path(file).name, file)
+
+    config.option.loadscopereorder = False  # the collection's order (pytest_collection_modifyitems) is the queue's
+    return LongestFirst(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -138,6 +174,8 @@ class Overlap:
         self.most, self._now, self._lock = 0, 0, threading.Lock()
 
     def __call__(self, *args, **kwargs):
+        import torch
+
         rows = next(len(a) for a in args if isinstance(a, torch.Tensor))
         self.calls.append((threading.current_thread().name, torch.get_num_threads(), rows))
         with self._lock:
@@ -151,6 +189,11 @@ class Overlap:
 
 def tiny_vit(reg_tokens: int = 0, num_classes: int = 10, fused: bool | None = None, seed: int = 0) -> attnviz.Model:
     """A 2-layer, 4-head ViT on 32 px inputs with 8 px patches: grid 4 × 4, N = 1 + reg + 16."""
+    import timm
+    import torch
+
+    import attnviz
+
     torch.manual_seed(seed)
     network = timm.models.vision_transformer.VisionTransformer(
         img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=num_classes,
@@ -169,6 +212,8 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def real_model():
+    import attnviz
+
     return attnviz.load_model(device="cpu")
 
 
@@ -250,12 +295,16 @@ def holds(path: Path, *needles: bytes) -> bool:
 
 def Q(cap: attnviz.Capture) -> torch.Tensor:
     """(L, H, N, d_k): a plain ViT capture's queries stacked as the tests index them (one window per layer)."""
+    import torch
+
     assert cap.uniform, "Q() stacks the queries of a capture whose layers share one window of every token"
     return torch.stack(cap.query)[:, :, 0]
 
 
 def K(cap: attnviz.Capture) -> torch.Tensor:
     """(L, H, N, d_k): the keys, as :func:`Q`."""
+    import torch
+
     assert cap.uniform
     return torch.stack(cap.key)[:, :, 0]
 
@@ -267,4 +316,6 @@ def SCALE(cap: attnviz.Capture) -> float:
 
 def BIAS(cap: attnviz.Capture) -> torch.Tensor:
     """(L, H, N, N): a plain relative-position ViT's logit bias, stacked."""
+    import torch
+
     return torch.stack([b[0] for b in cap.bias])
