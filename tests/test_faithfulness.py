@@ -398,10 +398,19 @@ def test_the_page_counts_the_maps_and_passes_before_computing_them(heads, tiny_c
     assert seen == {(True, False), (False, False), (False, True)}  # with relevance, without, and refused
 
 
-def test_the_real_models_page_caption_is_its_run(real_model, cat):
+def test_the_real_models_page_caption_is_its_run(real_model, cat, monkeypatch):
     """19 maps (12 layers, rollout, token norms, 5 random orders) and 344 forward passes: the numbers the button
-    caption gives are the run's own."""
+    caption gives are the run's own. The run's rankings are computed; its 344 inputs are counted as they are handed
+    to the forward pass, which is left out (the curves' values are checked against the reference above)."""
     cap = attnviz.capture(real_model, attnviz.load_photo(attnviz.photos.sample("cat"), real_model).image)
     maps = fa.map_count(real_model, cap)
     assert (maps, fa.planned_inputs(maps)) == (19, 344)
-    assert fa.faithfulness(real_model, cap, fill="token").inputs == 344
+    handed = []
+
+    def counted(model, x, removed, fill, *args, **kwargs):
+        handed.append(removed.shape[0])
+        return torch.rand(removed.shape[0], cap.output.shape[-1], generator=torch.Generator().manual_seed(0))
+
+    monkeypatch.setattr(fa, "outputs", counted)
+    result = fa.faithfulness(real_model, cap, fill="token")
+    assert (len(result.curves) + len(result.random), result.inputs, handed) == (19, 344, [344])
