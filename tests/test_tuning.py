@@ -10,8 +10,6 @@ import pytest
 
 from conftest import APP, ROOT
 
-pytestmark = pytest.mark.serial  # the server's thread tuning: runs alone, after make test's parallel pass
-
 FIRST_RUN = f"""
 import json, threading, torch
 from streamlit.testing.v1 import AppTest
@@ -59,6 +57,7 @@ print(json.dumps(gone() is None))
 """
 
 
+@pytest.mark.serial  # its collections come every 50 ms within 0.7 s: timed, so it runs alone (make test's serial pass)
 def test_the_housekeeping_thread_collects_what_streamlits_skipped_collection_would_have():
     """Streamlit's full collection after every page run is off (``runner.postScriptGC``); the housekeeping thread
     collects instead, so a session's unreachable cycles (a capture held by a widget's closure) still go."""
