@@ -368,8 +368,10 @@ def _covered(family: str) -> frozenset[int]:
     return frozenset() if found is None else frozenset(TTFont(found[0], fontNumber=found[1], lazy=True).getBestCmap())
 
 
+@lru_cache(maxsize=64)
 def _subset(family: str, characters: str) -> bytes | None:
-    """A subset of ``family`` holding just ``characters`` (plus .notdef), as an OpenType file."""
+    """A subset of ``family`` holding just ``characters`` (plus .notdef), as an OpenType file. Kept for the next
+    file with the same words (a class downloading one chart): subsetting the CJK font takes 0.3–0.7 s here."""
     from fontTools import subset
     from fontTools.ttLib import TTFont
 
