@@ -46,12 +46,17 @@ run: setup
 # tests on two workers too (each file starts its own server, on a free port, and its own Chromium); then alone the
 # ones that must not share the cores: a measurement of the machine, of its threads or of the live scheduler's timing (serial).
 # Every pass always runs; the exit status is the first failure's (5, "no tests", only if none found one).
+# The browser and serial passes collect only the files that mark such tests (a pass's start: 9 s -> 5 s alone);
+# tests/conftest.py fails any run in which a test is marked so where these greps would not see it.
 WORKERS ?= 2
+BROWSER_FILES := $(shell grep -l "pytest.mark.browser" tests/test_*.py)
+SERIAL_FILES := $(shell grep -l "pytest.mark.serial" tests/test_*.py)
 define passes
 	s=""; \
 	for pass in "$(1)" "$(2)"; do [ -z "$$pass" ] && continue; \
-	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile -m "$$pass" $(PYTEST_ARGS); s="$$s $$?"; done; \
-	$(BIN)/python -m pytest -m "$(3)" $(PYTEST_ARGS); s="$$s $$?"; \
+	  files=""; [ "$$pass" = "$(1)" ] || files="$(BROWSER_FILES)"; \
+	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile -m "$$pass" $$files $(PYTEST_ARGS); s="$$s $$?"; done; \
+	$(BIN)/python -m pytest -m "$(3)" $(SERIAL_FILES) $(PYTEST_ARGS); s="$$s $$?"; \
 	for c in $$s; do [ $$c -eq 0 ] || [ $$c -eq 5 ] || exit $$c; done; \
 	for c in $$s; do [ $$c -eq 0 ] && exit 0; done; exit 5
 endef

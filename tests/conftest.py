@@ -150,7 +150,20 @@ def pytest_xdist_make_scheduler(config, log):
     return LongestFirst(config, log)
 
 
+def _marked_where_make_sees_it(items) -> None:
+    """make test's browser and serial passes collect only the files that hold "pytest.mark.browser" or
+    "pytest.mark.serial" (Makefile: BROWSER_FILES, SERIAL_FILES): a test marked another way would be left out
+    silently, so it stops the run instead."""
+    source = functools.cache(lambda path: path.read_text(encoding="utf-8"))
+    for item in items:
+        for mark in ("browser", "serial"):
+            if item.get_closest_marker(mark) and f"pytest.mark.{mark}" not in source(item.path):
+                raise pytest.UsageError(f"{item.nodeid} is marked {mark} without the words pytest.mark.{mark} in its "
+                                        f"file: make test's {mark} pass would not collect it")
+
+
 def pytest_collection_modifyitems(config, items):
+    _marked_where_make_sees_it(items)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests stay together, in order
     for item in items:
