@@ -47,8 +47,6 @@ def _scan_component_packages_once() -> None:
         manifest_scanner.scan_component_manifests = functools.cache(scan)
 
 
-
-
 def _await_app_runs_without_polling() -> None:
     """AppTest waits for each script run by waking every millisecond to look for its end, which takes the GIL from
     the run it waits for; waiting on the run's thread instead does the same wait without the wake-ups. Where a later
@@ -84,6 +82,7 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     _scan_component_packages_once()
     _await_app_runs_without_polling()
+
 
 # The page's captures run where the owner says (ATTNVIZ_RUNTIME, default "auto": OpenVINO when attnviz[fast] is
 # installed, as it is here). Most tests compare the page with PyTorch bit for bit, so they run it on PyTorch;
