@@ -272,7 +272,9 @@ def live_source(model: attnviz.Model, settings: Settings) -> tuple[bytes, str] |
     turned_away = st.session_state.pop(AWAY_KEY, False)
     shared = slots()
     own = context.video_processor if context is not None else None  # a stopped stream not yet torn down
-    if not streaming and not stop_now and shared.free() <= 0 and not shared.holds(own):  # all others' streams
+    # All others' streams. A visitor turned away whose stream has already ended is told here too: drawing the stopped
+    # camera again would leave it, and its Start, on the page until something else reran it.
+    if not streaming and (turned_away or not stop_now) and shared.free() <= 0 and not shared.holds(own):
         st.info(t("live.full", streams=shared.limit) if shared.limit else t("live.off"))
         if shared.limit:
             wait_for_a_slot()
