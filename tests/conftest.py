@@ -257,6 +257,18 @@ def app_in_chromium(page_server):
         yield page_server, browser
 
 
+@pytest.fixture
+def own_shared_results():
+    """The server's shared results (attnviz_app.heavy: one queue and cache for every session of this process), empty
+    before the test and after it: a result another test left (one its stand-in computed for every setting, as
+    test_server_page's does) would be handed to this test's page as its own, and this test's to the next."""
+    from attnviz_app import heavy
+
+    heavy.shared_queue.clear()
+    yield
+    heavy.shared_queue.clear()
+
+
 @pytest.fixture(scope="session")
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"

@@ -52,7 +52,7 @@ def test_sentence_and_query_handover(lang, real_model):
     assert any(patch in h.value for h in at.subheader), [h.value for h in at.subheader]
 
 
-def test_umap_on_the_page_when_installed(real_model, monkeypatch):
+def test_umap_on_the_page_when_installed(real_model, monkeypatch, own_shared_results):
     """The page's sentence is the UMAP map's, of the page's own capture. UMAP's ρ moved by up to 0.4 when q and k
     moved by 1e-7 (docs/qk-map.md), so it is recomputed from the very capture the page mapped; that capture is checked
     against a fresh one to 1e-5."""
@@ -61,13 +61,11 @@ def test_umap_on_the_page_when_installed(real_model, monkeypatch):
 
     import attnviz
     from attnviz import qkmap
-    from attnviz_app import heavy
     from attnviz_app.settings import DEFAULT_PHOTO
 
     mapped = []
     plain = qkmap.qk_map
     monkeypatch.setattr(qkmap, "qk_map", lambda cap, *args: mapped.append((cap, args)) or plain(cap, *args))
-    heavy.shared_queue.clear()  # a map of this capture another test left would be handed out, not computed
     at = _qk_page("en", "umap")
     box = at.selectbox(key="qk_method")
     assert i18n.text("en", "qkmap.method_umap") in box.options and box.value == "umap"

@@ -231,17 +231,6 @@ def verdict(at) -> str:
     return next(i.value for i in at.info if "random" in i.value)
 
 
-@pytest.fixture
-def own_shared_results():
-    """The server's shared results (attnviz_app.heavy), empty before the test and after it: its stand-in removal test
-    answers every setting with one result, which a later test's page in this process was handed as its own."""
-    from attnviz_app import heavy
-
-    heavy.shared_queue.clear()
-    yield
-    heavy.shared_queue.clear()
-
-
 def test_ten_sessions_press_the_removal_test_at_once(monkeypatch, own_shared_results):
     real = Recorder(lesson.perturbation)
     monkeypatch.setattr(lesson, "perturbation", real)
