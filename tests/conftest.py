@@ -5,6 +5,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import signal
 import stat
 import sys
 import threading
@@ -76,6 +77,11 @@ def pytest_configure(config):
     none and imports none of PyTorch, timm or Streamlit: it starts its workers 4–5 s sooner, once a pass."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return
+    # A shell starts a background job (`make test &`, nohup) with Ctrl-C ignored, and Python then never turns it into
+    # KeyboardInterrupt, in this process or the commands it starts: the Ctrl-C tests would fail for how the suite was
+    # launched. A terminal's Ctrl-C is what they test.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
