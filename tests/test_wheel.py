@@ -43,8 +43,8 @@ MUST_HOLD = (
 )
 PACKAGES = ("attnviz/", "attnviz_app/")
 
-# The fixture's build and install count against the first test; the whole file runs in the browser pass (make test),
-# so the wheel is built and installed once, not once in each pass.
+# The fixture's build and install count against the first test. One test drives Chromium; the whole file is marked
+# browser, so that `-m "not browser"` (no Chromium here) leaves out the wheel's build and fresh venv with it.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.browser]
 
 
