@@ -33,8 +33,12 @@ def open_view(page, url: str, path: str) -> None:
 
 
 def assert_chart_words_readable(page, where: str, scope: str = ".st-key-result") -> list[dict]:
+    # Vega draws a chart after the page's run has settled: on a loaded host the faithfulness curves were not yet there
+    try:
+        page.wait_for_function(f"(scope) => ({CHART_TEXT})(scope).length > 0", arg=scope, polling=100, timeout=30_000)
+    except Exception:
+        raise AssertionError((where, "no chart drawn in 30 s")) from None
     charts = page.evaluate(CHART_TEXT, scope)
-    assert charts, (where, "no chart drawn")
     small = [(where, word, round(px, 1)) for c in charts for word, px in c["words"] if px < SMALLEST_TEXT_PX - 0.05]
     assert not small, small
     return charts
