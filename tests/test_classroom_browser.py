@@ -414,10 +414,11 @@ BUTTON_NAMES = "() => [...document.querySelectorAll('button[aria-label]')].map(b
 
 
 def button_names(page, awaited: str) -> list[str]:
-    """The names a screen reader says for the page's buttons, once ``awaited`` is among them (up to 15 s): the help
-    buttons are drawn, and their names rewritten, after the run's end, on a busy host later."""
+    """The names a screen reader says for the page's buttons, once ``awaited`` is among them (up to 30 s): the help
+    buttons are drawn, and their names rewritten, after the run's end, on a busy host later (15 s once was not enough
+    beside another worker's real-model tests)."""
     try:
-        page.wait_for_function(f"awaited => ({BUTTON_NAMES})().includes(awaited)", arg=awaited, timeout=15_000)
+        page.wait_for_function(f"awaited => ({BUTTON_NAMES})().includes(awaited)", arg=awaited, timeout=30_000)
     except Exception:
         pass  # the caller's assertion shows every name there is
     return page.evaluate(BUTTON_NAMES)
@@ -447,7 +448,7 @@ def test_streamlits_own_words_in_the_uploader_and_camera_follow_the_language(app
         assert page.locator("[data-testid=stSkipToContent]").inner_text() == "跳到主要內容"  # the keyboard's first stop
         # the names a screen reader says for Streamlit's buttons, and a chart toolbar's tooltips
         names = button_names(page, "「平滑熱力圖」的說明")
-        assert "「平滑熱力圖」的說明" in names and any(n.startswith("全螢幕：") for n in names), names
+        assert "「平滑熱力圖」的說明" in names and any(n.startswith("全螢幕：") for n in names), " | ".join(names)
         assert not [n for n in names if n.startswith(("Help for", "Fullscreen", "Collapse"))], names
         chart = open_page(browser, "desktop")
         chart.goto(url + "/?lang=zh-TW&view=query")
