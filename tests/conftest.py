@@ -119,16 +119,17 @@ HEAVY_FILES = frozenset({
 })
 
 
-# The longest files here (--durations=0, December 7), handed out first: the parallel pass ends when its last file
-# does, and a long file started late (the wheel's, last in name order, 94 s before uv) had left one worker alone at the
-# end. A file's time is all its tests' outside the serial pass, Chromium's and the rest together.
+# The longest files here (--durations=0 of two parallel passes, December 7), handed out first: the parallel pass ends
+# when its last file does, and a long file started late (the wheel's, last in name order, 94 s before uv) had left one
+# worker alone at the end. A file's time is all its tests' outside the serial pass, Chromium's and the rest together.
 LONGEST_FIRST = (
-    "test_classroom_browser.py", "test_stages_page.py", "test_qkmap_browser.py", "test_phone_browser.py",
-    "test_wheel.py", "test_browser_live.py", "test_video_browser.py", "test_qkmap.py",
-    "test_qkmap_dataset_browser.py", "test_faithfulness_browser.py", "test_views_charts.py", "test_lesson_page.py",
-    "test_soak.py", "test_dataset_ray.py", "test_runtimes.py", "test_server_page.py", "test_qk_scatter_browser.py",
-    "test_faithfulness.py", "test_views_analysis.py", "test_html.py", "test_readme.py", "test_browser.py",
-    "test_hostile_dataset.py", "test_browser_load.py", "test_app_robust.py", "test_hostile_models.py", "test_zoo.py",
+    "test_stages_page.py", "test_classroom_browser.py", "test_phone_browser.py", "test_qkmap_browser.py",
+    "test_browser_live.py", "test_video_browser.py", "test_wheel.py", "test_views_charts.py", "test_qkmap.py",
+    "test_dataset_ray.py", "test_runtimes.py", "test_lesson_page.py", "test_qkmap_dataset_browser.py",
+    "test_faithfulness_browser.py", "test_server_page.py", "test_soak.py", "test_views_analysis.py",
+    "test_qk_scatter_browser.py", "test_readme.py", "test_hostile_dataset.py", "test_hostile_models.py",
+    "test_browser.py", "test_html.py", "test_app_robust.py", "test_video.py", "test_runtime_page.py",
+    "test_browser_load.py", "test_tuning.py", "test_models.py", "test_zoo.py",
 )
 
 # Files that warm the same thing in their process, run one after another on one worker so that it is warmed once:
