@@ -254,8 +254,8 @@ def test_ten_sessions_press_the_removal_test_at_once(monkeypatch, own_shared_res
     slow = Recorder(lambda *a, **k: real.last, seconds=1.0)
     monkeypatch.setattr(lesson, "perturbation", slow)
     settings = [(percent, fill) for fill in lesson.FILLS for percent in (20, 30, 40, 50, 60)]
-    for at, (percent, fill) in zip(sessions, settings):
-        at.slider(key="perturb_max").set_value(percent).run()
+    for at, (percent, fill) in zip(sessions, settings):  # both changed, then one run
+        at.slider(key="perturb_max").set_value(percent)
         at.radio(key="perturb_fill.en").set_value(fill).run()
     at_once(sessions, lambda at: at.button(key="perturb_run").click().run(), stagger=0.1)
     assert slow.calls == 10 and slow.peak == min(10, core_count())
