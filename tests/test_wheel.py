@@ -44,7 +44,7 @@ MUST_HOLD = (
 PACKAGES = ("attnviz/", "attnviz_app/")
 
 # The fixture's build and install count against the first test. One test drives Chromium; the whole file is marked
-# browser, so that `-m "not browser"` (no Chromium here) leaves out the wheel's build and fresh venv with it.
+# browser, so that a run without Chromium (`-m "not browser"`, make test-fast) leaves out the wheel's build and venv too.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.browser]
 
 
