@@ -110,8 +110,8 @@ def test_phone_upload_views_and_lesson(app_in_chromium):
     # The lesson from the sidebar: the sidebar closes after the link is tapped; no tab overflows
     page.locator("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button").first.click()
     page.get_by_role("link", name="Lesson: how attention works").click()
-    # the explore page has a "Sample photo" too, and stays drawn until the lesson's run replaces it: a click on it
-    # there went to the explore page, and the lesson kept the upload (no tabs in 60 s, on a loaded host)
+    # the explore page has a "Sample photo" too, and stays drawn until the lesson's run replaces it: a tap that lands
+    # there leaves the lesson on the upload, with no tabs (seen once on a loaded host: no tab in 60 s)
     page.wait_for_url("**/lesson**", timeout=60_000)
     settle(page)
     page.get_by_text("Sample photo", exact=True).click(timeout=60_000)  # an upload stays on its own page
