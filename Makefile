@@ -41,30 +41,36 @@ run: setup
 	ATTNVIZ_CHECKPOINTS="$(CHECKPOINTS)" ATTNVIZ_ALLOW_DOWNLOADS="$(DOWNLOADS)" ATTNVIZ_MAX_PARAMS="$(MAX_PARAMS)" \
 	ATTNVIZ_HEAVY_JOBS="$(HEAVY_JOBS)" $(BIN)/attnviz app  # warms the model, then serves the page
 
-# Two passes, each over the tests its marker expression selects (an empty one is skipped): the independent tests on
-# two pytest-xdist workers, Chromium's and the wheel's among them (a file's tests on one worker, sharing its module's
-# fixtures; each browser file its own Chromium, a page server per worker or its own, on a free port); then alone the
-# ones that must not share the cores: a measurement of the machine, of its threads or of the live scheduler's timing
-# (serial). Both passes always run; the exit status is the first failure's (5, "no tests", only if neither found one).
-# The serial pass collects only the files that mark such tests (its start: 9 s -> 5 s), unless PYTEST_ARGS names tests;
-# tests/conftest.py fails any run in which a test is marked serial where this grep would not see it.
+# Three passes, each over the tests its marker expression selects (an empty one is skipped): the independent tests
+# on two pytest-xdist workers (a file's tests on one worker, sharing its module's fixtures); the browser and wheel
+# tests on two workers too (each file starts its own server, on a free port, and its own Chromium); then alone the
+# ones that must not share the cores: a measurement of the machine, of its threads or of the live scheduler's timing (serial).
+# Every pass always runs; the exit status is the first failure's (5, "no tests", only if none found one).
+# The browser and serial passes collect only the files that mark such tests (a pass's start: 9 s -> 5 s alone), unless
+# PYTEST_ARGS names tests; tests/conftest.py fails any run in which a test is marked so where these greps would not see it.
+# One parallel pass for both kinds was slower on a fresh clone: 10 min 52 s against 8 min 55 s (docs/tests.md).
 WORKERS ?= 2
-SERIAL_FILES := $(shell grep -l "pytest.mark.serial" tests/test_*.py)
+NAMED := $(findstring tests/,$(PYTEST_ARGS))
+BROWSER_FILES := $(if $(NAMED),,$(shell grep -l "pytest.mark.browser" tests/test_*.py))
+SERIAL_FILES := $(if $(NAMED),,$(shell grep -l "pytest.mark.serial" tests/test_*.py))
 define passes
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile -m "$(1)" $(PYTEST_ARGS); a=$$?; \
-	$(BIN)/python -m pytest -m "$(2)" $(if $(findstring tests/,$(PYTEST_ARGS)),,$(SERIAL_FILES)) $(PYTEST_ARGS); b=$$?; \
-	for c in $$a $$b; do [ $$c -eq 0 ] || [ $$c -eq 5 ] || exit $$c; done; \
-	[ $$a -eq 0 ] || [ $$b -eq 0 ] || exit 5
+	s=""; \
+	for pass in "$(1)" "$(2)"; do [ -z "$$pass" ] && continue; \
+	  files=""; [ "$$pass" = "$(1)" ] || files="$(BROWSER_FILES)"; \
+	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile -m "$$pass" $$files $(PYTEST_ARGS); s="$$s $$?"; done; \
+	$(BIN)/python -m pytest -m "$(3)" $(SERIAL_FILES) $(PYTEST_ARGS); s="$$s $$?"; \
+	for c in $$s; do [ $$c -eq 0 ] || [ $$c -eq 5 ] || exit $$c; done; \
+	for c in $$s; do [ $$c -eq 0 ] && exit 0; done; exit 5
 endef
 
 # Everything (what .ci/run calls).
 test: setup
-	$(call passes,not serial,serial)
+	$(call passes,not serial and not browser,browser and not serial,serial)
 
 # What you run while you work: the unit and AppTest tests of every file but the heavy ones (tests/conftest.py:
 # HEAVY_FILES), without Chromium and the wheel (docs/tests.md).
 test-fast: setup
-	$(call passes,not serial and not browser and not heavy,serial and not browser and not heavy)
+	$(call passes,not serial and not browser and not heavy,,serial and not browser and not heavy)
 
 # On a machine with a CUDA GPU: everything attnviz computes, on the GPU against the CPU (docs/tests.md#the-gpu).
 test-gpu: setup

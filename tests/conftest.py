@@ -119,17 +119,16 @@ HEAVY_FILES = frozenset({
 })
 
 
-# The longest files here (--durations=0 of two parallel passes, December 7), handed out first: the parallel pass ends
-# when its last file does, and a long file started late (the wheel's, last in name order, 94 s before uv) had left one
-# worker alone at the end. A file's time is all its tests' outside the serial pass, Chromium's and the rest together.
+# The longest files here (--durations=0 of each pass, December 7), handed out first: a pass ends when its last file
+# does, and a long file started late (the wheel's, last in name order, 94 s before uv) had left one worker alone at the
+# end of the browser pass. One list serves both parallel passes: each sees only its own tests of a file.
 LONGEST_FIRST = (
-    "test_stages_page.py", "test_classroom_browser.py", "test_phone_browser.py", "test_qkmap_browser.py",
-    "test_browser_live.py", "test_video_browser.py", "test_wheel.py", "test_views_charts.py", "test_qkmap.py",
-    "test_dataset_ray.py", "test_runtimes.py", "test_lesson_page.py", "test_qkmap_dataset_browser.py",
-    "test_faithfulness_browser.py", "test_server_page.py", "test_soak.py", "test_views_analysis.py",
-    "test_qk_scatter_browser.py", "test_readme.py", "test_hostile_dataset.py", "test_hostile_models.py",
-    "test_browser.py", "test_html.py", "test_app_robust.py", "test_video.py", "test_runtime_page.py",
-    "test_browser_load.py", "test_tuning.py", "test_models.py", "test_zoo.py",
+    "test_classroom_browser.py", "test_qkmap_browser.py", "test_phone_browser.py", "test_wheel.py",
+    "test_browser_live.py", "test_stages_page.py", "test_video_browser.py", "test_qkmap.py", "test_views_charts.py",
+    "test_qkmap_dataset_browser.py", "test_faithfulness_browser.py", "test_soak.py", "test_dataset_ray.py",
+    "test_runtimes.py", "test_server_page.py", "test_qk_scatter_browser.py", "test_faithfulness.py", "test_readme.py",
+    "test_browser.py", "test_lesson_page.py", "test_hostile_dataset.py", "test_app_robust.py",
+    "test_hostile_models.py", "test_browser_load.py", "test_views_analysis.py", "test_zoo.py",
 )
 
 # Files that warm the same thing in their process, run one after another on one worker so that it is warmed once:
@@ -142,7 +141,7 @@ SAME_WORKER = {"test_qkmap.py": "UMAP", "test_qk_cli.py": "UMAP", "test_qkmap_pa
 def pytest_xdist_make_scheduler(config, log):
     """make test's parallel passes (--dist loadfile): a file's tests on one worker, sharing its module's fixtures; the
     files handed out in LONGEST_FIRST's order (xdist's own put the files with the most tests first, which left the
-    two-test Swin file to start at 302 s of a 347 s pass), and a SAME_WORKER group's files as one."""
+    two-test Swin file to start at 302 s of a 347 s browser pass), and a SAME_WORKER group's files as one."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -157,14 +156,15 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def _marked_where_make_sees_it(items) -> None:
-    """make test's serial pass collects only the files that hold "pytest.mark.serial" (Makefile: SERIAL_FILES), and
-    its parallel pass leaves serial tests out: a test marked serial another way would be left out silently, so it
-    stops the run instead."""
+    """make test's browser and serial passes collect only the files that hold "pytest.mark.browser" or
+    "pytest.mark.serial" (Makefile: BROWSER_FILES, SERIAL_FILES): a test marked another way would be left out
+    silently, so it stops the run instead."""
     source = functools.cache(lambda path: path.read_text(encoding="utf-8"))
     for item in items:
-        if item.get_closest_marker("serial") and "pytest.mark.serial" not in source(item.path):
-            raise pytest.UsageError(f"{item.nodeid} is marked serial without the words pytest.mark.serial in its "
-                                    "file: make test's serial pass would not collect it")
+        for mark in ("browser", "serial"):
+            if item.get_closest_marker(mark) and f"pytest.mark.{mark}" not in source(item.path):
+                raise pytest.UsageError(f"{item.nodeid} is marked {mark} without the words pytest.mark.{mark} in its "
+                                        f"file: make test's {mark} pass would not collect it")
 
 
 def pytest_collection_modifyitems(config, items):

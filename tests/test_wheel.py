@@ -43,8 +43,8 @@ MUST_HOLD = (
 )
 PACKAGES = ("attnviz/", "attnviz_app/")
 
-# The fixture's build and install count against the first test. One test drives Chromium; the whole file is marked
-# browser, so that a run without Chromium (`-m "not browser"`, make test-fast) leaves out the wheel's build and venv too.
+# The fixture's build and install count against the first test; the whole file runs in the browser pass (make test),
+# so the wheel is built and installed once, not once in each pass.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.browser]
 
 
