@@ -48,7 +48,7 @@ run: setup
 # Every pass always runs; the exit status is the first failure's (5, "no tests", only if none found one).
 # The browser and serial passes collect only the files that mark such tests (a pass's start: 9 s -> 5 s alone), unless
 # PYTEST_ARGS names tests; tests/conftest.py fails any run in which a test is marked so where these greps would not see it.
-# One parallel pass for both kinds was slower on a fresh clone: 10 min 52 s against 8 min 55 s (docs/tests.md).
+# One parallel pass for both kinds measured no faster (docs/tests.md).
 WORKERS ?= 2
 NAMED := $(findstring tests/,$(PYTEST_ARGS))
 BROWSER_FILES := $(if $(NAMED),,$(shell grep -l "pytest.mark.browser" tests/test_*.py))
